@@ -1,0 +1,53 @@
+// c_embedding: the vocabulary-parallel embedding lookup (upstream #55621),
+// declared on raw pointers so each backend lives in its own file:
+// cpu/c_embedding_cpu.cc, gpu/c_embedding.cu (CUDA and HIP), and the Paddle
+// op registration in c_embedding_op.cc.
+//
+// Semantics (Paddle's c_embedding): row r of this rank's table slice holds
+// vocabulary id start + r; ids in [start, start + rows) take that row, all
+// other ids give zeros. The check: with vocab_size > 0 every id must lie in
+// [0, vocab_size).
+#pragma once
+
+#include <cstdint>
+
+#include "common/half.h"
+
+namespace paddle_ext::c_embedding {
+
+struct BadId {
+  int64_t position = -1;  // -1: all ids in range
+  int64_t id = 0;
+};
+
+template <typename IdT>
+BadId find_out_of_range_cpu(const IdT* ids, int64_t n, int64_t vocab_size);
+
+// out[i, :] = table[ids[i] - start, :] or zeros; row_bytes = width * sizeof(T).
+template <typename IdT>
+void forward_cpu(const char* table, int64_t rows, int64_t row_bytes, const IdT* ids, int64_t n,
+                 int64_t start, char* out);
+
+// table_grad = zeros, then table_grad[ids[i] - start, :] += out_grad[i, :] for
+// in-range ids, summed in float32 in the order of i (so float32 results equal a
+// sequential scatter-add), written once per row.
+template <typename IdT>
+void backward_cpu(FloatKind kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
+                  int64_t width, int64_t start, void* table_grad);
+
+#if defined(PADDLE_EXT_WITH_GPU)
+// GPU versions; `stream` is a cudaStream_t / hipStream_t. The check copies one
+// small result back to the host, so it synchronises the stream.
+template <typename IdT>
+BadId find_out_of_range_gpu(const IdT* ids, int64_t n, int64_t vocab_size, void* stream);
+
+template <typename IdT>
+void forward_gpu(const char* table, int64_t rows, int64_t row_bytes, const IdT* ids, int64_t n,
+                 int64_t start, char* out, void* stream);
+
+template <typename IdT>
+void backward_gpu(FloatKind kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
+                  int64_t width, int64_t start, void* table_grad, void* stream);
+#endif
+
+}  // namespace paddle_ext::c_embedding

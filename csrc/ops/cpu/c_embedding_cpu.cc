@@ -1,0 +1,131 @@
+// CPU backend of c_embedding: threaded row copies forward; backward zeroes and
+// fills the table gradient in a single pass, each thread owning a row range.
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "c_embedding.h"
+#include "common/parallel.h"
+
+namespace paddle_ext::c_embedding {
+namespace {
+
+constexpr int64_t kRowsPerTask = 64;
+
+float load(FloatKind kind, const void* base, int64_t i) {
+  switch (kind) {
+    case FloatKind::kFloat32:
+      return static_cast<const float*>(base)[i];
+    case FloatKind::kFloat16:
+      return fp16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case FloatKind::kBFloat16:
+      return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+  }
+  return 0.f;
+}
+
+void store(FloatKind kind, void* base, int64_t i, float v) {
+  switch (kind) {
+    case FloatKind::kFloat32:
+      static_cast<float*>(base)[i] = v;
+      return;
+    case FloatKind::kFloat16:
+      static_cast<uint16_t*>(base)[i] = float_to_fp16(v);
+      return;
+    case FloatKind::kBFloat16:
+      static_cast<uint16_t*>(base)[i] = float_to_bf16(v);
+      return;
+  }
+}
+
+int64_t element_bytes(FloatKind kind) { return kind == FloatKind::kFloat32 ? 4 : 2; }
+
+}  // namespace
+
+template <typename IdT>
+BadId find_out_of_range_cpu(const IdT* ids, int64_t n, int64_t vocab_size) {
+  if (vocab_size <= 0) return {};
+  // Branch-free scan first (the common case is all in range), then locate.
+  bool bad = false;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = static_cast<int64_t>(ids[i]);
+    bad |= (id < 0) | (id >= vocab_size);
+  }
+  if (!bad) return {};
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t id = static_cast<int64_t>(ids[i]);
+    if (id < 0 || id >= vocab_size) return {i, id};
+  }
+  return {};
+}
+
+template <typename IdT>
+void forward_cpu(const char* table, int64_t rows, int64_t row_bytes, const IdT* ids, int64_t n,
+                 int64_t start, char* out) {
+  parallel_for(n, kRowsPerTask, [=](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t row = static_cast<int64_t>(ids[i]) - start;
+      char* dst = out + i * row_bytes;
+      if (row >= 0 && row < rows) {
+        std::memcpy(dst, table + row * row_bytes, row_bytes);
+      } else {
+        std::memset(dst, 0, row_bytes);
+      }
+    }
+  });
+}
+
+template <typename IdT>
+void backward_cpu(FloatKind kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
+                  int64_t width, int64_t start, void* table_grad) {
+  // Positions of in-range ids, stably sorted by row: each row's contributions
+  // then sit together in their original order.
+  std::vector<int64_t> order;
+  order.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t row = static_cast<int64_t>(ids[i]) - start;
+    if (row >= 0 && row < rows) order.push_back(i);
+  }
+  auto row_of = [&](int64_t pos) { return static_cast<int64_t>(ids[pos]) - start; };
+  std::stable_sort(order.begin(), order.end(),
+                   [&](int64_t a, int64_t b) { return row_of(a) < row_of(b); });
+
+  const int64_t row_bytes = width * element_bytes(kind);
+  char* grad = static_cast<char*>(table_grad);
+  const char* src = static_cast<const char*>(out_grad);
+  parallel_for(rows, 1024, [&](int64_t row_begin, int64_t row_end) {
+    std::memset(grad + row_begin * row_bytes, 0, (row_end - row_begin) * row_bytes);
+    auto first = std::lower_bound(order.begin(), order.end(), row_begin,
+                                  [&](int64_t pos, int64_t r) { return row_of(pos) < r; });
+    std::vector<float> acc(width);
+    for (auto it = first; it != order.end() && row_of(*it) < row_end;) {
+      const int64_t row = row_of(*it);
+      auto group_end = it;
+      while (group_end != order.end() && row_of(*group_end) == row) ++group_end;
+      if (group_end - it == 1 && kind == FloatKind::kFloat32) {
+        std::memcpy(grad + row * row_bytes, src + *it * row_bytes, row_bytes);
+      } else {
+        std::fill(acc.begin(), acc.end(), 0.f);
+        for (auto g = it; g != group_end; ++g) {
+          const int64_t base = *g * width;
+          for (int64_t j = 0; j < width; ++j) acc[j] += load(kind, out_grad, base + j);
+        }
+        for (int64_t j = 0; j < width; ++j) store(kind, table_grad, row * width + j, acc[j]);
+      }
+      it = group_end;
+    }
+  });
+}
+
+#define PADDLE_EXT_INSTANTIATE(IdT)                                                              \
+  template BadId find_out_of_range_cpu<IdT>(const IdT*, int64_t, int64_t);                      \
+  template void forward_cpu<IdT>(const char*, int64_t, int64_t, const IdT*, int64_t, int64_t,    \
+                                 char*);                                                         \
+  template void backward_cpu<IdT>(FloatKind, const void*, const IdT*, int64_t, int64_t, int64_t, \
+                                  int64_t, void*);
+PADDLE_EXT_INSTANTIATE(int32_t)
+PADDLE_EXT_INSTANTIATE(int64_t)
+#undef PADDLE_EXT_INSTANTIATE
+
+}  // namespace paddle_ext::c_embedding

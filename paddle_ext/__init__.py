@@ -1,0 +1,46 @@
+"""paddle-ext: large-model training features for stock PaddlePaddle releases.
+
+    import paddle_ext
+    paddle_ext.enable()            # apply the patch series (idempotent)
+    paddle_ext.disable()           # put every original Paddle object back
+
+Importing paddle_ext changes nothing in Paddle; enable() does, unit by unit,
+as listed in `python -m paddle_ext patches`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paddle_ext._version import __version__
+
+__all__ = ["__version__", "enable", "disable", "patch_table"]
+
+
+def enable(config: Any = None) -> None:
+    """Applies the patch series in order, as `config` switches units on or off.
+
+    config: None, or a strategy-style mapping with the plugin's keys under
+    "paddle_ext" (see paddle_ext.config). Calling it again re-applies the
+    configuration: units switched off are reverted, the others stay applied.
+    """
+    from paddle_ext import compat
+    from paddle_ext import config as config_module
+    from paddle_ext.patches import series
+
+    s = series()
+    s.apply(config_module.from_source(config, s.names), compat.paddle_version())
+
+
+def disable() -> None:
+    """Reverts every applied unit, restoring the original Paddle objects."""
+    from paddle_ext.patches import series
+
+    series().revert()
+
+
+def patch_table() -> list[tuple[str, str, str, str]]:
+    """(unit, upstream PRs, status, title) for each unit of the series."""
+    from paddle_ext.patches import series
+
+    return series().table()

@@ -1,0 +1,93 @@
+"""Every difference between the supported Paddle releases (2.6.2, 3.0-3.3.x).
+
+Nothing else in paddle_ext branches on the Paddle version: when a new
+difference turns up, it gets a function here.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+SUPPORTED = ((2, 6), (3, 0), (3, 1), (3, 2), (3, 3))
+
+
+@functools.lru_cache(maxsize=None)
+def paddle_version() -> tuple[int, int, int]:
+    import paddle
+
+    parts = paddle.__version__.split(".")[:3]
+    nums = []
+    for p in parts:
+        digits = "".join(ch for ch in p if ch.isdigit())
+        nums.append(int(digits) if digits else 0)
+    while len(nums) < 3:
+        nums.append(0)
+    return tuple(nums)  # type: ignore[return-value]
+
+
+def version_string() -> str:
+    import paddle
+
+    return paddle.__version__
+
+
+def is_supported(version: tuple[int, int, int] | None = None) -> bool:
+    v = version or paddle_version()
+    # 0.0.0 is a develop build: assume the newest API.
+    return v[:2] in SUPPORTED or v == (0, 0, 0)
+
+
+def device_build() -> str:
+    """'cuda', 'rocm', 'xpu' or 'cpu': what the installed Paddle was compiled for."""
+    import paddle
+
+    if paddle.is_compiled_with_rocm():
+        return "rocm"
+    if paddle.is_compiled_with_cuda():
+        return "cuda"
+    if paddle.is_compiled_with_xpu():
+        return "xpu"
+    return "cpu"
+
+
+def in_dynamic_mode() -> bool:
+    import paddle
+
+    return paddle.in_dynamic_mode()
+
+
+@functools.lru_cache(maxsize=None)
+def _custom_op_runner():
+    # 3.x exposes the eager custom-op entry as _C_ops._run_custom_op; 2.6 as core.eager's.
+    from paddle import _C_ops
+
+    runner = getattr(_C_ops, "_run_custom_op", None)
+    if runner is None:
+        from paddle.base import core
+
+        runner = core.eager._run_custom_op
+    return runner
+
+
+def run_custom_op(op_name: str, *args: Any) -> list:
+    """Runs a registered custom op eagerly; always returns the list of outputs."""
+    outs = _custom_op_runner()(op_name, *args)
+    return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+
+
+def register_custom_op_library(path: str) -> None:
+    import warnings
+
+    with warnings.catch_warnings():  # importing cpp_extension warns that ccache is missing
+        warnings.simplefilter("ignore")
+        from paddle.utils.cpp_extension.extension_utils import load_op_meta_info_and_register_op
+
+    load_op_meta_info_and_register_op(path)
+
+
+def mp_ops_module():
+    """The module whose _c_lookup_table fleet's VocabParallelEmbedding calls."""
+    from paddle.distributed.fleet.layers.mpu import mp_ops
+
+    return mp_ops

@@ -1,0 +1,6 @@
+"""Custom operators: Python APIs with argument checks over the op library."""
+
+from paddle_ext.ops._library import OpLibraryError, get_num_threads, set_num_threads
+from paddle_ext.ops.c_embedding import c_embedding
+
+__all__ = ["OpLibraryError", "c_embedding", "get_num_threads", "set_num_threads"]

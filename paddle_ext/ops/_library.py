@@ -1,0 +1,66 @@
+"""Loads the custom-op library (paddle_ext/lib/libpaddle_ext_ops.so) once.
+
+The library is compiled against one Paddle release at install time; loading it
+into another one is refused with a message saying how to rebuild.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import json
+import os
+from typing import Any
+
+from paddle_ext import compat
+
+LIB_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib")
+LIBRARY = os.path.join(LIB_DIR, "libpaddle_ext_ops.so")
+BUILD_INFO = os.path.join(LIB_DIR, "build_info.json")
+
+
+class OpLibraryError(RuntimeError):
+    """The op library is missing or was built for another Paddle."""
+
+
+def build_info() -> dict[str, Any] | None:
+    """What the op library was built against, or None when it is not built."""
+    if not (os.path.exists(LIBRARY) and os.path.exists(BUILD_INFO)):
+        return None
+    with open(BUILD_INFO) as f:
+        return json.load(f)
+
+
+@functools.lru_cache(maxsize=None)
+def load() -> ctypes.CDLL:
+    """Registers the library's ops with Paddle (once) and returns its C handle."""
+    info = build_info()
+    if info is None:
+        raise OpLibraryError(
+            f"paddle_ext's op library is not built ({LIBRARY} is missing): "
+            "reinstall paddle-ext with `pip install .` in an environment that has Paddle")
+    built_for, running = info["paddle_version"], compat.version_string()
+    if built_for != running:
+        raise OpLibraryError(
+            f"paddle_ext's op library was built against Paddle {built_for}, but Paddle "
+            f"{running} is installed: reinstall paddle-ext (pip install --force-reinstall "
+            "--no-deps paddle-ext, or `pip install .` in its source tree)")
+    compat.register_custom_op_library(LIBRARY)
+    # The same path gives the same handle: its C settings are the ones the ops use.
+    return ctypes.CDLL(LIBRARY)
+
+
+def run(op_name: str, *args: Any) -> list:
+    load()
+    return compat.run_custom_op(op_name, *args)
+
+
+def set_num_threads(n: int) -> None:
+    """Threads the CPU kernels use (default: PADDLE_EXT_NUM_THREADS, else all cores)."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 1:
+        raise ValueError(f"set_num_threads: n must be an int >= 1, got {n!r}")
+    load().paddle_ext_set_num_threads(n)
+
+
+def get_num_threads() -> int:
+    return int(load().paddle_ext_get_num_threads())

@@ -1,0 +1,71 @@
+"""c_embedding with an id range check (upstream #55621).
+
+The lookup of a vocabulary-parallel embedding: this rank holds rows
+[start_index, start_index + rows) of a table of vocab_size rows; ids in that
+range take their row, all other ids give zeros (another rank owns them, and an
+all-reduce over the model-parallel group completes the lookup). Unlike stock
+Paddle's CPU kernel, an id outside [0, vocab_size) raises instead of giving
+silent zeros.
+"""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+
+from paddle_ext.ops import _library
+from paddle_ext.ops._checks import require_dtype, require_int, require_ndim, require_tensor
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+ID_DTYPES = ("int32", "int64")
+_BAD_ID = re.compile(r"paddle_ext\.c_embedding: id (-?\d+) at position (\d+) of ids")
+
+
+def c_embedding(weight, ids, start_index: int = 0, vocab_size: int = -1):
+    """Looks ids up in this rank's slice `weight` of a vocabulary-parallel table.
+
+    Args:
+        weight: [rows, width] float32, float16 or bfloat16; rows of the table
+            from start_index on.
+        ids: int32 or int64 of any shape.
+        start_index: the vocabulary id of weight's first row (>= 0).
+        vocab_size: rows of the whole table; -1 skips the range check (as
+            Paddle's c_embedding does), otherwise every id must lie in
+            [0, vocab_size) and start_index + rows <= vocab_size.
+
+    Returns:
+        ids.shape + [width], weight's dtype. Differentiable in weight: the grad
+        is a scatter-add of the output grad rows of in-range ids (duplicates
+        accumulate).
+
+    Raises:
+        IndexError: an id is outside [0, vocab_size); the message names the id,
+            its position in ids and the range.
+    """
+    require_tensor("weight", weight)
+    require_tensor("ids", ids)
+    require_ndim("weight", weight, 2)
+    require_dtype("weight", weight, FLOAT_DTYPES)
+    require_dtype("ids", ids, ID_DTYPES)
+    require_int("start_index", start_index, low=0)
+    require_int("vocab_size", vocab_size, low=1, also=(-1,))
+    rows = int(weight.shape[0])
+    if vocab_size > 0 and start_index + rows > vocab_size:
+        raise ValueError(
+            f"start_index + weight rows must be <= vocab_size, got start_index={start_index}, "
+            f"rows={rows}, vocab_size={vocab_size}")
+    if str(weight.place) != str(ids.place):
+        raise ValueError(f"weight and ids must be on the same device, got {weight.place} and {ids.place}")
+    try:
+        (out,) = _library.run("pe_c_embedding", weight, ids, start_index, vocab_size)
+    except Exception as err:  # the kernel's PD_CHECK arrives as OSError (3.x) or another type
+        match = _BAD_ID.search(str(err))
+        if match is None:
+            raise
+        bad_id, flat = int(match.group(1)), int(match.group(2))
+        where = tuple(int(i) for i in np.unravel_index(flat, tuple(ids.shape))) if ids.ndim else ()
+        raise IndexError(
+            f"c_embedding: ids{list(where)} = {bad_id} is out of range: ids must lie in "
+            f"[0, vocab_size) = [0, {vocab_size})") from None
+    return out

@@ -1,0 +1,61 @@
+"""What a patch unit is, and the Patcher that makes every unit revertible."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+_MISSING = object()
+
+
+class Patcher:
+    """Replaces attributes and remembers the originals, so that revert() puts
+    back the very same objects (`is`-identical), in reverse order."""
+
+    def __init__(self) -> None:
+        self._undo: list[tuple[Any, str, Any]] = []
+
+    def swap(self, owner: Any, attr: str, new: Any) -> None:
+        # Read the owner's own dict: for classes that keeps staticmethod and
+        # property objects intact, and an inherited attribute is deleted again.
+        own = vars(owner) if hasattr(owner, "__dict__") else {}
+        original = own.get(attr, _MISSING)
+        setattr(owner, attr, new)
+        self._undo.append((owner, attr, original))
+
+    def revert(self) -> None:
+        while self._undo:
+            owner, attr, original = self._undo.pop()
+            if original is _MISSING:
+                delattr(owner, attr)
+            else:
+                setattr(owner, attr, original)
+
+    @property
+    def active(self) -> bool:
+        return bool(self._undo)
+
+
+@dataclass(frozen=True)
+class PatchUnit:
+    """One cherry-picked upstream change, wired into stock Paddle.
+
+    apply(patcher) installs it through the patcher (so revert is automatic);
+    verify() checks that it is in place; native(version) says whether that
+    Paddle release already ships the feature (then the unit does nothing);
+    unavailable() gives a reason it cannot apply here, or None.
+    """
+
+    name: str
+    upstream: tuple[int, ...]
+    title: str
+    summary: str
+    apply: Callable[[Patcher], None]
+    verify: Callable[[], bool]
+    native: Callable[[tuple[int, int, int]], bool] = lambda version: False
+    unavailable: Callable[[], "str | None"] = lambda: None
+    tags: tuple[str, ...] = field(default_factory=tuple)
+
+    @property
+    def upstream_text(self) -> str:
+        return ", ".join(f"#{n}" for n in self.upstream)
