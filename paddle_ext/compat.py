@@ -91,3 +91,19 @@ def mp_ops_module():
     from paddle.distributed.fleet.layers.mpu import mp_ops
 
     return mp_ops
+
+
+def gloo_process_group_class():
+    """The pybind class of gloo process groups, or None in builds without gloo."""
+    from paddle.base import core
+
+    return getattr(core, "ProcessGroupGloo", None)
+
+
+def c_identity_owners() -> list:
+    """Modules whose `c_identity` fleet's model-parallel code calls: 3.x uses
+    _C_ops (and _legacy_C_ops in places), 2.6 only _legacy_C_ops."""
+    import paddle
+
+    return [m for m in (getattr(paddle, "_C_ops", None), getattr(paddle, "_legacy_C_ops", None))
+            if m is not None and hasattr(m, "c_identity")]

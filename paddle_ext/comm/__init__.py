@@ -1,0 +1,1 @@
+"""Communication helpers: transports on gloo and NCCL, tracing, hang reports."""

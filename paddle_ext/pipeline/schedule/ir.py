@@ -1,0 +1,297 @@
+"""Schedule IR: the actions of a pipeline schedule, their text form, and `Schedule`.
+
+Layout. With `pp` ranks and `vpp` virtual stages per rank, the model is cut into
+`pp * vpp` global stages; rank r holds stages r, r + pp, r + 2*pp, ... (Paddle's
+interleaved layout). An action names a *chunk*, the index of the stage among the
+rank's own stages (Paddle's virtual_pp_rank): chunk c on rank r is global stage
+`c * pp + r`. Local chunks are what a runtime indexes its model chunks by, and the
+rank is implied by the list an action sits in.
+
+Text grammar (one token per action, no spaces inside):
+
+    F<c>.<m>             forward of chunk c, micro-batch m
+    B<c>.<m>             backward of chunk c, micro-batch m
+    F<c>.<m>&B<d>.<n>    overlapped pair: F(c, m) and B(d, n) run as one step
+    SA<c>.<m>><p>        send the activation that F(c, m) produced to rank p
+    RA<c>.<m><<p>        receive from rank p the input activation of F(c, m)
+    SG<c>.<m>><p>        send the input gradient that B(c, m) produced to rank p
+    RG<c>.<m><<p>        receive from rank p the output gradient B(c, m) needs
+    GS<c>                chunk c's last backward is done: its gradients may sync
+
+Every communication token names the chunk on *its own* rank that produces (send)
+or consumes (recv) the tensor, so `SA1.3>0` on rank 3 (pp=4: stage 7) is matched by
+`RA2.3<3` on rank 0 (stage 8). A whole schedule prints as
+
+    schedule pp=2 vpp=2 microbatches=5 kind=interleaved
+    0: F0.0 F0.1 ...
+    1: F0.0 ...
+
+and `Schedule.from_text(s.to_text()) == s`. Blank lines and `#` comments are ignored.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Dict, Iterable, Iterator, Sequence, Tuple, Union
+
+__all__ = [
+    "F",
+    "B",
+    "FB",
+    "Comm",
+    "SendAct",
+    "RecvAct",
+    "SendGrad",
+    "RecvGrad",
+    "GradSync",
+    "Action",
+    "Compute",
+    "Schedule",
+    "ScheduleError",
+    "parse_action",
+    "stage_of",
+    "locate",
+]
+
+
+class ScheduleError(ValueError):
+    """A schedule is malformed, inconsistent or cannot finish.
+
+    `reason` is the one-sentence diagnosis; `rank` and `index` locate the offending
+    action (None when the fault is not one action); `grid` is the rank x step grid
+    with that action marked, already part of str(error).
+    """
+
+    def __init__(self, reason: str, rank: int | None = None, index: int | None = None,
+                 grid: str = "") -> None:
+        self.reason = reason
+        self.rank = rank
+        self.index = index
+        self.grid = grid
+        super().__init__(f"{reason}\n{grid}" if grid else reason)
+
+
+def stage_of(pp: int, rank: int, chunk: int) -> int:
+    """Global stage of `chunk` on `rank` (interleaved layout)."""
+    return chunk * pp + rank
+
+
+def locate(pp: int, stage: int) -> Tuple[int, int]:
+    """(rank, chunk) that holds global `stage`."""
+    return stage % pp, stage // pp
+
+
+@dataclass(frozen=True)
+class F:
+    """Forward of (chunk, mb)."""
+
+    chunk: int
+    mb: int
+
+    def __str__(self) -> str:
+        return f"F{self.chunk}.{self.mb}"
+
+
+@dataclass(frozen=True)
+class B:
+    """Backward of (chunk, mb): input grads and parameter grads together."""
+
+    chunk: int
+    mb: int
+
+    def __str__(self) -> str:
+        return f"B{self.chunk}.{self.mb}"
+
+
+@dataclass(frozen=True)
+class FB:
+    """An F and a B issued as one overlapped step (filled in by the overlap scheduler)."""
+
+    f: F
+    b: B
+
+    def __str__(self) -> str:
+        return f"{self.f}&{self.b}"
+
+
+@dataclass(frozen=True)
+class Comm:
+    """Base of the four point-to-point actions; `peer` is the other rank."""
+
+    chunk: int
+    mb: int
+    peer: int
+
+    # Subclasses set these: the token prefix, and whether this side sends.
+    token = ""
+    is_send = True
+    is_grad = False
+
+    def __str__(self) -> str:
+        arrow = ">" if self.is_send else "<"
+        return f"{self.token}{self.chunk}.{self.mb}{arrow}{self.peer}"
+
+
+@dataclass(frozen=True)
+class SendAct(Comm):
+    token = "SA"
+    is_send = True
+    is_grad = False
+
+
+@dataclass(frozen=True)
+class RecvAct(Comm):
+    token = "RA"
+    is_send = False
+    is_grad = False
+
+
+@dataclass(frozen=True)
+class SendGrad(Comm):
+    token = "SG"
+    is_send = True
+    is_grad = True
+
+
+@dataclass(frozen=True)
+class RecvGrad(Comm):
+    token = "RG"
+    is_send = False
+    is_grad = True
+
+
+@dataclass(frozen=True)
+class GradSync:
+    """All backwards of `chunk` on this rank are done; its gradient buckets may launch."""
+
+    chunk: int
+
+    def __str__(self) -> str:
+        return f"GS{self.chunk}"
+
+
+Compute = Union[F, B, FB]
+Action = Union[F, B, FB, SendAct, RecvAct, SendGrad, RecvGrad, GradSync]
+
+_COMM_TYPES: Dict[str, type] = {"SA": SendAct, "RA": RecvAct, "SG": SendGrad, "RG": RecvGrad}
+_TOKEN = re.compile(
+    r"(?P<fb>F(?P<fc>\d+)\.(?P<fm>\d+)&B(?P<bc>\d+)\.(?P<bm>\d+))"
+    r"|(?P<k>[FB])(?P<c>\d+)\.(?P<m>\d+)"
+    r"|(?P<s>S[AG])(?P<sc>\d+)\.(?P<sm>\d+)>(?P<sp>\d+)"
+    r"|(?P<r>R[AG])(?P<rc>\d+)\.(?P<rm>\d+)<(?P<rp>\d+)"
+    r"|GS(?P<gc>\d+)"
+)
+
+
+def parse_action(text: str) -> Action:
+    """Parses one token of the grammar in the module docstring."""
+    m = _TOKEN.fullmatch(text.strip())
+    if m is None:
+        raise ScheduleError(
+            f"cannot parse action {text!r}: expected F<c>.<m>, B<c>.<m>, F<c>.<m>&B<c>.<m>, "
+            "SA/SG<c>.<m>><rank>, RA/RG<c>.<m><<rank> or GS<c>")
+    g = {k: v for k, v in m.groupdict().items() if v is not None}
+    if "fb" in g:
+        return FB(F(int(g["fc"]), int(g["fm"])), B(int(g["bc"]), int(g["bm"])))
+    if "k" in g:
+        return (F if g["k"] == "F" else B)(int(g["c"]), int(g["m"]))
+    if "s" in g:
+        return _COMM_TYPES[g["s"]](int(g["sc"]), int(g["sm"]), int(g["sp"]))
+    if "r" in g:
+        return _COMM_TYPES[g["r"]](int(g["rc"]), int(g["rm"]), int(g["rp"]))
+    return GradSync(int(g["gc"]))
+
+
+def computes(action: Action) -> Tuple[Union[F, B], ...]:
+    """The F/B parts of a compute action; () for communication and GS."""
+    if isinstance(action, (F, B)):
+        return (action,)
+    if isinstance(action, FB):
+        return (action.f, action.b)
+    return ()
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """Per-rank action lists of one training step, plus the shape they were made for.
+
+    `ranks[r]` is rank r's instruction stream, executed strictly in order. `kind` is a
+    free-form label (no spaces) naming the generator.
+    """
+
+    pp: int
+    vpp: int
+    microbatches: int
+    ranks: Tuple[Tuple[Action, ...], ...]
+    kind: str = "custom"
+
+    def __post_init__(self) -> None:
+        # Accept lists from callers but store tuples, so schedules hash and compare.
+        object.__setattr__(self, "ranks", tuple(tuple(r) for r in self.ranks))
+        if len(self.ranks) != self.pp:
+            raise ScheduleError(f"schedule has {len(self.ranks)} rank lists for pp={self.pp}")
+        if not self.kind or any(ch.isspace() for ch in self.kind):
+            raise ScheduleError(f"schedule kind {self.kind!r} must be one word")
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.vpp
+
+    @property
+    def lowered(self) -> bool:
+        """True when the lists carry communication (the output of `lower`)."""
+        return any(isinstance(a, (Comm, GradSync)) for r in self.ranks for a in r)
+
+    def stage(self, rank: int, chunk: int) -> int:
+        return stage_of(self.pp, rank, chunk)
+
+    def compute_only(self) -> Schedule:
+        """The same schedule with communication and GS actions removed."""
+        return self.with_ranks([a for a in r if computes(a)] for r in self.ranks)
+
+    def with_ranks(self, ranks: Iterable[Sequence[Action]], kind: str | None = None) -> Schedule:
+        return Schedule(self.pp, self.vpp, self.microbatches, tuple(tuple(r) for r in ranks),
+                        self.kind if kind is None else kind)
+
+    def __iter__(self) -> Iterator[Tuple[Action, ...]]:
+        return iter(self.ranks)
+
+    def header(self) -> str:
+        return (f"schedule pp={self.pp} vpp={self.vpp} microbatches={self.microbatches} "
+                f"kind={self.kind}")
+
+    def to_text(self) -> str:
+        lines = [self.header()]
+        lines += [f"{r}: " + " ".join(map(str, acts)) for r, acts in enumerate(self.ranks)]
+        return "\n".join(line.rstrip() for line in lines) + "\n"
+
+    @classmethod
+    def from_text(cls, text: str) -> Schedule:
+        lines = [ln.split("#", 1)[0].strip() for ln in text.splitlines()]
+        lines = [ln for ln in lines if ln]
+        if not lines or not lines[0].startswith("schedule "):
+            raise ScheduleError("schedule text must start with 'schedule pp=.. vpp=.. "
+                                "microbatches=.. kind=..'")
+        fields = dict(kv.split("=", 1) for kv in lines[0].split()[1:] if "=" in kv)
+        try:
+            pp, vpp, mbs = int(fields["pp"]), int(fields["vpp"]), int(fields["microbatches"])
+        except (KeyError, ValueError) as err:
+            raise ScheduleError(f"bad schedule header {lines[0]!r}: {err}") from None
+        ranks: list = [None] * pp
+        for ln in lines[1:]:
+            head, _, body = ln.partition(":")
+            if not head.strip().isdigit() or not 0 <= int(head) < pp:
+                raise ScheduleError(f"bad rank line {ln[:40]!r}: expected '<rank 0..{pp - 1}>: "
+                                    "actions'")
+            r = int(head)
+            if ranks[r] is not None:
+                raise ScheduleError(f"rank {r} appears twice in the schedule text")
+            ranks[r] = tuple(parse_action(tok) for tok in body.split())
+        missing = [r for r, acts in enumerate(ranks) if acts is None]
+        if missing:
+            raise ScheduleError(f"schedule text has no line for rank(s) {missing}")
+        return cls(pp, vpp, mbs, tuple(ranks), fields.get("kind", "custom"))
+
+    def __str__(self) -> str:
+        return self.to_text()

@@ -1,0 +1,44 @@
+"""paddle-ext CPU enablement: calc-stream collectives (#46761) on ProcessGroupGloo.
+
+Upstream #46761 added `*_on_calc_stream` communication for NCCL; gloo raises
+"Unimplemented" for all of them, and c_identity (the other half of every
+model-parallel all-reduce) has no CPU kernel, so fleet's model-parallel layers
+(e.g. VocabParallelEmbedding) cannot run on CPU. This unit gives the gloo class
+synchronous implementations and c_identity a CPU path; NCCL, XPU and custom
+devices are untouched.
+"""
+
+from __future__ import annotations
+
+from paddle_ext import compat
+from paddle_ext.comm.gloo import CALC_STREAM_METHODS, cpu_c_identity
+from paddle_ext.patches._unit import Patcher, PatchUnit
+
+
+def _apply(patcher: Patcher) -> None:
+    cls = compat.gloo_process_group_class()
+    for name, fn in CALC_STREAM_METHODS.items():
+        patcher.swap(cls, name, fn)
+    for owner in compat.c_identity_owners():
+        patcher.swap(owner, "c_identity", cpu_c_identity(owner.c_identity))
+
+
+def _verify() -> bool:
+    cls = compat.gloo_process_group_class()
+    methods = all(vars(cls).get(name) is fn for name, fn in CALC_STREAM_METHODS.items())
+    return methods and all(hasattr(o.c_identity, "__wrapped__") for o in compat.c_identity_owners())
+
+
+def _unavailable() -> str | None:
+    return None if compat.gloo_process_group_class() is not None else "this Paddle build has no gloo"
+
+
+UNIT = PatchUnit(
+    name="gloo_calc_stream",
+    upstream=(46761,),
+    title="calc-stream collectives, p2p and c_identity on CPU/gloo",
+    summary="fleet's model-parallel layers and p2p run on CPU through gloo",
+    apply=_apply,
+    verify=_verify,
+    unavailable=_unavailable,
+)

@@ -1,0 +1,24 @@
+"""fleet's VocabParallelEmbedding (mp_degree=2) on gloo with paddle_ext enabled."""
+
+import pytest
+
+from tests.multiproc.launch import launch
+
+pytestmark = pytest.mark.multiprocess
+
+
+def test_vocab_parallel_embedding_equals_full_table():
+    result = launch("vocab_parallel_embedding.py", "parity", nproc=2, timeout=150)
+    assert result.returncode == 0, result.describe()
+    for rank in (0, 1):
+        assert f"rank {rank}: vocab-parallel embedding matches the full table" in result.logs[rank]
+
+
+def test_out_of_range_id_on_one_rank_ends_every_rank_with_the_message():
+    result = launch("vocab_parallel_embedding.py", "bad-id", nproc=2, timeout=150)
+    assert not result.timed_out, result.describe()
+    assert result.returncode != 0, result.describe()
+    assert result.elapsed < 60, result.describe()
+    assert "ids[1, 3] = 13 is out of range" in result.logs[1], result.describe()
+    assert "[0, vocab_size) = [0, 10)" in result.logs[1]
+    assert "matches the full table" not in result.all_text()

@@ -1,0 +1,165 @@
+"""paddle_ext.ops.c_embedding against a numpy float64 reference."""
+
+import numpy as np
+import paddle
+import pytest
+
+import paddle_ext.ops as ops
+
+
+def reference_forward(table_slice, ids, start):
+    rows = table_slice.shape[0]
+    local = ids.astype(np.int64) - start
+    inside = (local >= 0) & (local < rows)
+    out = np.zeros(ids.shape + (table_slice.shape[1],), dtype=np.float64)
+    out[inside] = table_slice.astype(np.float64)[local[inside]]
+    return out
+
+
+def reference_grad(rows, width, ids, start, out_grad):
+    grad = np.zeros((rows, width), dtype=np.float64)
+    local = ids.astype(np.int64).reshape(-1) - start
+    inside = (local >= 0) & (local < rows)
+    np.add.at(grad, local[inside], out_grad.reshape(-1, width).astype(np.float64)[inside])
+    return grad
+
+
+def dyadic(rng, shape, dtype="float32"):
+    # Multiples of 1/8 in [-4, 4): sums of a few hundred stay exact in float32,
+    # so float32 results must equal the float64 reference bit for bit.
+    return (rng.integers(-32, 32, size=shape) / 8).astype(dtype)
+
+
+def run(table, ids, start, vocab, out_grad):
+    weight = paddle.to_tensor(table, stop_gradient=False)
+    out = ops.c_embedding(weight, paddle.to_tensor(ids), start_index=start, vocab_size=vocab)
+    out.backward(paddle.to_tensor(out_grad))
+    return out.numpy(), weight.grad.numpy()
+
+
+@pytest.mark.parametrize("id_dtype", ["int32", "int64"])
+@pytest.mark.parametrize("seed", range(4))
+def test_vocab_split_across_ranks_matches_reference(id_dtype, seed):
+    rng = np.random.default_rng(seed)
+    vocab, width, nranks = int(rng.integers(20, 60)), int(rng.integers(1, 9)), int(rng.integers(2, 5))
+    full = dyadic(rng, (vocab, width))
+    ids = rng.integers(0, vocab, size=(3, 17)).astype(id_dtype)
+    ids[0, :4] = ids[1, 5]  # duplicates accumulate
+    bounds = np.sort(rng.choice(np.arange(1, vocab), size=nranks - 1, replace=False))
+    starts = [0, *bounds.tolist()]
+    ends = [*bounds.tolist(), vocab]
+    out_grad = dyadic(rng, ids.shape + (width,))
+    total = np.zeros(ids.shape + (width,))
+    for start, end in zip(starts, ends):
+        out, grad = run(full[start:end], ids, start, vocab, out_grad)
+        np.testing.assert_array_equal(out, reference_forward(full[start:end], ids, start))
+        np.testing.assert_array_equal(grad, reference_grad(end - start, width, ids, start, out_grad))
+        total += out
+    np.testing.assert_array_equal(total, full.astype(np.float64)[ids])  # the all-reduce completes it
+
+
+def test_many_duplicates_accumulate_in_order():
+    rng = np.random.default_rng(7)
+    table = dyadic(rng, (5, 3))
+    ids = np.array([2] * 300 + [4] * 7 + [9], dtype="int64")
+    out_grad = dyadic(rng, (ids.size, 3))
+    _, grad = run(table, ids, 0, 10, out_grad)
+    np.testing.assert_array_equal(grad, reference_grad(5, 3, ids, 0, out_grad))
+
+
+def test_large_width_threaded_path_matches_reference():
+    rng = np.random.default_rng(3)
+    table = dyadic(rng, (3000, 130))
+    ids = rng.integers(0, 6000, size=(4000,)).astype("int64")
+    out_grad = dyadic(rng, (4000, 130))
+    for threads in (1, 2):
+        ops.set_num_threads(threads)
+        out, grad = run(table, ids, 1500, 6000, out_grad)
+        np.testing.assert_array_equal(out, reference_forward(table, ids, 1500))
+        np.testing.assert_array_equal(grad, reference_grad(3000, 130, ids, 1500, out_grad))
+    assert ops.get_num_threads() == 2
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_half_precision_weights(dtype):
+    rng = np.random.default_rng(1)
+    table32 = dyadic(rng, (12, 8))
+    ids = np.array([[3, 3, 14, 0], [11, 3, 5, 20]], dtype="int64")
+    weight = paddle.to_tensor(table32).astype(dtype)
+    weight.stop_gradient = False
+    out = ops.c_embedding(weight, paddle.to_tensor(ids), start_index=2, vocab_size=21)
+    assert out.dtype == weight.dtype
+    np.testing.assert_array_equal(out.astype("float32").numpy(), reference_forward(table32, ids, 2))
+    out_grad = dyadic(rng, (2, 4, 8))
+    out.backward(paddle.to_tensor(out_grad).astype(dtype))
+    np.testing.assert_array_equal(weight.grad.astype("float32").numpy(), reference_grad(12, 8, ids, 2, out_grad))
+
+
+def test_without_vocab_size_ids_outside_the_slice_give_zeros():
+    table = np.ones((4, 2), dtype="float32")
+    ids = np.array([-1, 0, 3, 7, 100], dtype="int64")
+    out = ops.c_embedding(paddle.to_tensor(table), paddle.to_tensor(ids), start_index=3)
+    np.testing.assert_array_equal(out.numpy(), [[0, 0], [0, 0], [1, 1], [0, 0], [0, 0]])
+
+
+@pytest.mark.parametrize("bad, where", [(10, "[1, 2]"), (-3, "[1, 2]"), (2**40, "[1, 2]")])
+def test_out_of_range_id_raises_naming_value_position_and_range(bad, where):
+    table = paddle.to_tensor(np.ones((5, 2), dtype="float32"))
+    ids = np.array([[1, 2, 3], [4, 9, 0]], dtype="int64")
+    ids[1, 2] = bad
+    with pytest.raises(IndexError) as info:
+        ops.c_embedding(table, paddle.to_tensor(ids), start_index=5, vocab_size=10)
+    message = str(info.value)
+    assert f"ids{where} = {bad}" in message
+    assert "[0, vocab_size) = [0, 10)" in message
+
+
+def test_first_bad_id_is_reported_for_int32():
+    table = paddle.to_tensor(np.ones((5, 2), dtype="float32"))
+    ids = paddle.to_tensor(np.array([0, 12, 4, 11], dtype="int32"))
+    with pytest.raises(IndexError, match=r"ids\[1\] = 12 "):
+        ops.c_embedding(table, ids, start_index=0, vocab_size=10)
+
+
+@pytest.mark.parametrize(
+    "kwargs, error, pattern",
+    [
+        (dict(start_index=-1), ValueError, r"start_index must be in \[0, inf\], got -1"),
+        (dict(vocab_size=0), ValueError, r"vocab_size must be in \[1, inf\] or one of \[-1\], got 0"),
+        (dict(start_index=8, vocab_size=10), ValueError, r"start_index \+ weight rows must be <= vocab_size"),
+        (dict(start_index=1.5), TypeError, r"start_index must be an int"),
+    ],
+)
+def test_bad_arguments_name_the_argument(kwargs, error, pattern):
+    table = paddle.to_tensor(np.ones((5, 2), dtype="float32"))
+    ids = paddle.to_tensor(np.array([0, 1], dtype="int64"))
+    with pytest.raises(error, match=pattern):
+        ops.c_embedding(table, ids, **kwargs)
+
+
+def test_bad_tensors_name_the_argument():
+    table = paddle.to_tensor(np.ones((5, 2), dtype="float32"))
+    ids = paddle.to_tensor(np.array([0, 1], dtype="int64"))
+    with pytest.raises(TypeError, match="ids must have dtype in"):
+        ops.c_embedding(table, ids.astype("float32"))
+    with pytest.raises(ValueError, match=r"weight must be 2-D, got shape \[10\]"):
+        ops.c_embedding(table.reshape([10]), ids)
+    with pytest.raises(TypeError, match="weight must have dtype in"):
+        ops.c_embedding(table.astype("int64"), ids)
+    with pytest.raises(TypeError, match="weight must be a paddle.Tensor, got ndarray"):
+        ops.c_embedding(np.ones((5, 2)), ids)
+
+
+def test_inputs_are_not_modified():
+    rng = np.random.default_rng(5)
+    table = dyadic(rng, (6, 3))
+    ids = np.array([0, 5, 5, 2], dtype="int64")
+    weight, id_tensor = paddle.to_tensor(table), paddle.to_tensor(ids)
+    ops.c_embedding(weight, id_tensor, start_index=0, vocab_size=6)
+    np.testing.assert_array_equal(weight.numpy(), table)
+    np.testing.assert_array_equal(id_tensor.numpy(), ids)
+
+
+def test_set_num_threads_rejects_bad_values():
+    with pytest.raises(ValueError, match="n must be an int >= 1, got 0"):
+        ops.set_num_threads(0)

@@ -1,0 +1,136 @@
+"""The patch series: enable/disable round trips, configuration, the table."""
+
+import os
+import subprocess
+import sys
+
+import paddle
+import pytest
+
+import paddle_ext
+from paddle_ext import compat
+from paddle_ext.patches import read_series, series
+
+
+MISSING = object()
+
+
+def patched_attributes():
+    """Every attribute the series touches, read from its owner's own dict."""
+    mp_ops = compat.mp_ops_module()
+    gloo = compat.gloo_process_group_class()
+    owners = [(mp_ops, "_c_lookup_table")]
+    owners += [(gloo, name) for name in ("all_reduce_on_calc_stream", "send_on_calc_stream",
+                                         "recv_on_calc_stream", "broadcast_on_calc_stream",
+                                         "all_gather_into_tensor_on_calc_stream")]
+    owners += [(owner, "c_identity") for owner in compat.c_identity_owners()]
+    return {(id(o), name): vars(o).get(name, MISSING) for o, name in owners}
+
+
+@pytest.fixture(autouse=True)
+def clean_series(monkeypatch):
+    monkeypatch.delenv("PADDLE_EXT_PATCHES", raising=False)
+    paddle_ext.disable()
+    yield
+    paddle_ext.disable()
+
+
+def statuses():
+    return {unit: status for unit, _, status, _ in paddle_ext.patch_table()}
+
+
+def test_series_file_lists_every_unit_with_its_upstream_pr():
+    names = read_series()
+    assert names == ["gloo_calc_stream", "c_embedding_check"]
+    for state in series().states:
+        assert state.unit.upstream, state.unit.name
+        assert all(isinstance(n, int) and n > 1000 for n in state.unit.upstream)
+
+
+def test_enable_disable_round_trip_restores_identical_objects():
+    before = patched_attributes()
+    paddle_ext.enable()
+    during = patched_attributes()
+    assert all(during[key] is not before[key] for key in before)
+    paddle_ext.enable()  # idempotent: nothing is wrapped twice
+    again = patched_attributes()
+    assert all(again[key] is during[key] for key in during)
+    paddle_ext.disable()
+    after = patched_attributes()
+    assert all(after[key] is before[key] for key in before)
+    # inherited pybind methods came back by deletion, not by a copy
+    gloo = compat.gloo_process_group_class()
+    assert "all_reduce_on_calc_stream" not in vars(gloo)
+
+
+def test_every_unit_applies_on_this_paddle():
+    paddle_ext.enable()
+    assert statuses() == {"gloo_calc_stream": "applied", "c_embedding_check": "applied"}
+
+
+def test_a_unit_switched_off_by_config_is_reverted_and_reported():
+    mp_ops = compat.mp_ops_module()
+    original = mp_ops._c_lookup_table
+    paddle_ext.enable()
+    assert mp_ops._c_lookup_table is not original
+    paddle_ext.enable({"paddle_ext": {"patches": {"c_embedding_check": False}}})
+    assert mp_ops._c_lookup_table is original
+    assert statuses()["c_embedding_check"] == "disabled by config"
+    assert statuses()["gloo_calc_stream"] == "applied"
+    paddle_ext.enable()
+    assert mp_ops._c_lookup_table is not original
+
+
+def test_environment_switches_units(monkeypatch):
+    monkeypatch.setenv("PADDLE_EXT_PATCHES", "gloo_calc_stream=off")
+    paddle_ext.enable()
+    assert statuses()["gloo_calc_stream"] == "disabled by config"
+    assert "all_reduce_on_calc_stream" not in vars(compat.gloo_process_group_class())
+
+
+@pytest.mark.parametrize(
+    "config, error, pattern",
+    [
+        ({"paddle_ext": {"patches": {"no_such_unit": True}}}, ValueError, "unknown patch unit 'no_such_unit'"),
+        ({"paddle_ext": {"patches": {"c_embedding_check": "yes"}}}, TypeError, "must be True or False"),
+        ({"paddle_ext": {"pipeline": {}}}, ValueError, r"unknown paddle_ext config keys \['pipeline'\]"),
+        ("c_embedding_check", TypeError, "config must be a mapping"),
+    ],
+)
+def test_bad_config_raises_clearly(config, error, pattern):
+    with pytest.raises(error, match=pattern):
+        paddle_ext.enable(config)
+
+
+def test_bad_environment_raises_clearly(monkeypatch):
+    monkeypatch.setenv("PADDLE_EXT_PATCHES", "c_embedding_check")
+    with pytest.raises(ValueError, match="expected NAME=on|off"):
+        paddle_ext.enable()
+
+
+def test_checked_lookup_used_by_fleet_raises_on_bad_ids():
+    import numpy as np
+
+    paddle_ext.enable()
+    table = paddle.to_tensor(np.ones((4, 2), dtype="float32"))
+    ids = paddle.to_tensor(np.array([1, 12], dtype="int64"))
+    with pytest.raises(IndexError, match=r"ids\[1\] = 12 is out of range"):
+        compat.mp_ops_module()._c_lookup_table(table, ids, start_index=0, vocab_size=8)
+
+
+def test_cli_prints_the_table():
+    out = subprocess.run([sys.executable, "-m", "paddle_ext", "patches"], capture_output=True,
+                         text=True, check=True, env={**os.environ, "PADDLE_EXT_PATCHES": ""}).stdout
+    lines = [line for line in out.splitlines() if line.startswith(("gloo_calc_stream", "c_embedding_check"))]
+    assert len(lines) == 2
+    assert "#55621" in lines[1] and "applied" in lines[1]
+    assert "#46761" in lines[0] and "applied" in lines[0]
+
+
+def test_doctor_reports_versions_backends_and_patches():
+    out = subprocess.run([sys.executable, "-m", "paddle_ext", "doctor"], capture_output=True,
+                         text=True, check=True).stdout
+    assert f"Paddle {paddle.__version__} (cpu build" in out
+    assert "runtime paddle_ext._C: " in out and "backends cpu" in out
+    assert f"op library: built against Paddle {paddle.__version__}, kernels CPU, ops pe_c_embedding" in out
+    assert "c_embedding_check" in out
