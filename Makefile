@@ -1,0 +1,35 @@
+# Two commands for a newcomer (see README.md):
+#   make demo   set up .venv (Paddle + this plugin, built) and run the main job
+#   make test   set up .venv the same way and run the test suite
+# PADDLE selects the Paddle release, VENV the environment folder.
+
+PADDLE ?= 3.3.1
+VENV ?= .venv
+PYTHON ?= python3
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.paddle-ext-installed
+NATIVE_SOURCES := $(shell find csrc tools -type f 2>/dev/null) setup.py pyproject.toml
+
+.PHONY: setup demo test lint clean
+
+setup: $(STAMP)
+
+$(STAMP): $(NATIVE_SOURCES)
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q "paddlepaddle==$(PADDLE)"
+	$(PY) -m pip install -q -e ".[test,plot]"
+	$(PY) -c "import paddle; assert paddle.__version__ == '$(PADDLE)', paddle.__version__"
+	touch $@
+
+demo: $(STAMP)
+	$(PY) -m paddle_ext doctor
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check paddle_ext patches tests bench tools setup.py
+
+clean:
+	rm -rf build $(VENV) paddle_ext/lib paddle_ext/_C*.so

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# Leg cpu-paddle-2.6.2: the full suite against Paddle 2.6.2 in its own venv.
+# The package builds its op library in place (editable install), so the leg
+# works on a private copy of the tree and leaves the main one to Paddle 3.3.1.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work=build/ci/cpu-paddle-2.6.2
+mkdir -p "$work/src"
+tar --exclude=./build --exclude='./.venv*' --exclude=./paddle_ext/lib --exclude='*.so' \
+    --exclude=./.git --exclude='*/__pycache__' -cf - . | tar -xf - -C "$work/src"
+echo "cpu-paddle-2.6.2: make test PADDLE=2.6.2 in $work/src"
+make -C "$work/src" test PADDLE=2.6.2 VENV="$PWD/$work/venv"
+# The install must have pinned protobuf below 5 for Paddle 2.6 by itself.
+"$work/venv/bin/python" -c "import google.protobuf as p; v = int(p.__version__.split('.')[0]); print('protobuf', p.__version__); assert v < 5"
