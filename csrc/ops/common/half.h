@@ -1,30 +1,65 @@
-// float16 / bfloat16 <-> float conversions for the CPU kernels, kept free of
-// Paddle headers so the kernels build (and are tested) on their own.
+// float16 / bfloat16 <-> float conversions for the CPU and GPU kernels, kept
+// free of Paddle headers so the kernels build (and are tested) on their own.
+// The same bit-level code runs on host and device, so a GPU kernel rounds
+// exactly as the CPU one does.
 #pragma once
 
 #include <cstdint>
 #include <cstring>
 
+// __host__ __device__ under nvcc / hipcc, nothing for a plain C++ compiler.
+#if defined(__CUDACC__) || defined(__HIPCC__)
+#define PADDLE_EXT_HOST_DEVICE __host__ __device__
+#else
+#define PADDLE_EXT_HOST_DEVICE
+#endif
+
 namespace paddle_ext {
 
 enum class FloatKind { kFloat32, kFloat16, kBFloat16 };
 
-inline float bf16_to_float(uint16_t h) {
-  const uint32_t bits = static_cast<uint32_t>(h) << 16;
+// Bit casts: CUDA's intrinsics in nvcc device code, clang's builtin in HIP
+// device code (hip_runtime.h need not be included yet), memcpy on the host.
+PADDLE_EXT_HOST_DEVICE inline uint32_t float_to_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#elif defined(__HIP_DEVICE_COMPILE__)
+  uint32_t bits;
+  __builtin_memcpy(&bits, &f, sizeof bits);
+  return bits;
+#else
+  uint32_t bits;
+  std::memcpy(&bits, &f, sizeof bits);
+  return bits;
+#endif
+}
+
+PADDLE_EXT_HOST_DEVICE inline float bits_to_float(uint32_t bits) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(bits);
+#elif defined(__HIP_DEVICE_COMPILE__)
+  float f;
+  __builtin_memcpy(&f, &bits, sizeof f);
+  return f;
+#else
   float f;
   std::memcpy(&f, &bits, sizeof f);
   return f;
+#endif
 }
 
-inline uint16_t float_to_bf16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof f);
+PADDLE_EXT_HOST_DEVICE inline float bf16_to_float(uint16_t h) {
+  return bits_to_float(static_cast<uint32_t>(h) << 16);
+}
+
+PADDLE_EXT_HOST_DEVICE inline uint16_t float_to_bf16(float f) {
+  uint32_t bits = float_to_bits(f);
   if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40u);  // NaN stays NaN
   bits += 0x7fffu + ((bits >> 16) & 1u);  // round to nearest even
   return static_cast<uint16_t>(bits >> 16);
 }
 
-inline float fp16_to_float(uint16_t h) {
+PADDLE_EXT_HOST_DEVICE inline float fp16_to_float(uint16_t h) {
   const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
   uint32_t exp = (h >> 10) & 0x1fu;
   uint32_t mant = h & 0x3ffu;
@@ -45,14 +80,11 @@ inline float fp16_to_float(uint16_t h) {
   } else {
     bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
   }
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
+  return bits_to_float(bits);
 }
 
-inline uint16_t float_to_fp16(float f) {
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof f);
+PADDLE_EXT_HOST_DEVICE inline uint16_t float_to_fp16(float f) {
+  const uint32_t bits = float_to_bits(f);
   const uint16_t sign = static_cast<uint16_t>((bits >> 16) & 0x8000u);
   const uint32_t abs = bits & 0x7fffffffu;
   if (abs > 0x7f800000u) return sign | 0x7e00u;             // NaN
