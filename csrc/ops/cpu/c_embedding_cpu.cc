@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "c_embedding.h"
+#include "common/memory.h"
 #include "common/parallel.h"
 
 namespace paddle_ext::c_embedding {
@@ -63,6 +64,7 @@ BadId find_out_of_range_cpu(const IdT* ids, int64_t n, int64_t vocab_size) {
 template <typename IdT>
 void forward_cpu(const char* table, int64_t rows, int64_t row_bytes, const IdT* ids, int64_t n,
                  int64_t start, char* out) {
+  advise_huge_pages(out, static_cast<std::size_t>(n * row_bytes));
   parallel_for(n, kRowsPerTask, [=](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
       const int64_t row = static_cast<int64_t>(ids[i]) - start;
@@ -93,6 +95,7 @@ void backward_cpu(FloatKind kind, const void* out_grad, const IdT* ids, int64_t 
 
   const int64_t row_bytes = width * element_bytes(kind);
   char* grad = static_cast<char*>(table_grad);
+  advise_huge_pages(grad, static_cast<std::size_t>(rows * row_bytes));
   const char* src = static_cast<const char*>(out_grad);
   parallel_for(rows, 1024, [&](int64_t row_begin, int64_t row_end) {
     std::memset(grad + row_begin * row_bytes, 0, (row_end - row_begin) * row_bytes);
@@ -109,7 +112,12 @@ void backward_cpu(FloatKind kind, const void* out_grad, const IdT* ids, int64_t 
         std::fill(acc.begin(), acc.end(), 0.f);
         for (auto g = it; g != group_end; ++g) {
           const int64_t base = *g * width;
-          for (int64_t j = 0; j < width; ++j) acc[j] += load(kind, out_grad, base + j);
+          if (kind == FloatKind::kFloat32) {  // the common case, kept vectorisable
+            const float* src_row = static_cast<const float*>(out_grad) + base;
+            for (int64_t j = 0; j < width; ++j) acc[j] += src_row[j];
+          } else {
+            for (int64_t j = 0; j < width; ++j) acc[j] += load(kind, out_grad, base + j);
+          }
         }
         for (int64_t j = 0; j < width; ++j) store(kind, table_grad, row * width + j, acc[j]);
       }
