@@ -107,3 +107,49 @@ def c_identity_owners() -> list:
 
     return [m for m in (getattr(paddle, "_C_ops", None), getattr(paddle, "_legacy_C_ops", None))
             if m is not None and hasattr(m, "c_identity")]
+
+
+def pipeline_loss_fns(layers: Any) -> list:
+    """A PipelineLayer's loss functions: 3.x keeps a list, 2.6 a single callable."""
+    loss = layers._loss_fn
+    return list(loss) if isinstance(loss, (list, tuple)) else [loss]
+
+
+def fleet_modules() -> tuple:
+    """(paddle.distributed.fleet, paddle.distributed.fleet.model): both expose distributed_model."""
+    import paddle.distributed.fleet as fleet
+    import paddle.distributed.fleet.model as fleet_model
+
+    return fleet, fleet_model
+
+
+def parallel_env_class():
+    from paddle.distributed.parallel import ParallelEnv
+
+    return ParallelEnv
+
+
+def pipeline_layer_class():
+    from paddle.distributed.fleet.meta_parallel import PipelineLayer
+
+    return PipelineLayer
+
+
+def fleet_hcg():
+    """The HybridCommunicateGroup fleet.init built, or None."""
+    import paddle.distributed.fleet as fleet
+
+    return getattr(fleet.fleet, "_hcg", None)
+
+
+def fleet_strategy():
+    import paddle.distributed.fleet as fleet
+
+    return fleet.fleet._user_defined_strategy
+
+
+def collective_module():
+    """paddle.distributed.collective: where new_group lives (paddle.distributed re-exports it)."""
+    import paddle.distributed.collective as collective
+
+    return collective

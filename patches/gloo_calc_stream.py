@@ -5,13 +5,15 @@ Upstream #46761 added `*_on_calc_stream` communication for NCCL; gloo raises
 model-parallel all-reduce) has no CPU kernel, so fleet's model-parallel layers
 (e.g. VocabParallelEmbedding) cannot run on CPU. This unit gives the gloo class
 synchronous implementations and c_identity a CPU path; NCCL, XPU and custom
-devices are untouched.
+devices are untouched. With 4 or more gloo ranks, fleet's topology set-up also
+fails: ProcessGroupGloo rendezvous with unprefixed keys in the job's one store,
+so each gloo group now gets a store of its own (paddle_ext.comm.gloo).
 """
 
 from __future__ import annotations
 
 from paddle_ext import compat
-from paddle_ext.comm.gloo import CALC_STREAM_METHODS, cpu_c_identity
+from paddle_ext.comm.gloo import CALC_STREAM_METHODS, cpu_c_identity, private_store_process_groups
 from paddle_ext.patches._unit import Patcher, PatchUnit
 
 
@@ -21,6 +23,9 @@ def _apply(patcher: Patcher) -> None:
         patcher.swap(cls, name, fn)
     for owner in compat.c_identity_owners():
         patcher.swap(owner, "c_identity", cpu_c_identity(owner.c_identity))
+    collective = compat.collective_module()
+    patcher.swap(collective, "_new_process_group_impl",
+                 private_store_process_groups(collective._new_process_group_impl))
 
 
 def _verify() -> bool:

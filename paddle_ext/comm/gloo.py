@@ -59,3 +59,51 @@ def cpu_c_identity(original: Callable[..., Any]) -> Callable[..., Any]:
 
     c_identity.__wrapped__ = original  # type: ignore[attr-defined]
     return c_identity
+
+
+def private_store_process_groups(original: Callable[..., Any]) -> Callable[..., Any]:
+    """_new_process_group_impl that gives every gloo group its own TCPStore.
+
+    ProcessGroupGloo's constructor rendezvous through the job's one store with
+    keys that carry no group prefix ("0", "1", ...), so creating a group can
+    read the address a rank published for an earlier group: with 4 or more
+    ranks fleet's topology set-up then fails ("Connection refused", "136 vs 45")
+    or hangs. A store per group (served by the group's first rank, its address
+    passed through the job store under a key unique to the group) makes every
+    rendezvous start from empty keys.
+    """
+
+    def _new_process_group_impl(backend, store, rank, world_size, group_name, pg_options,
+                                group_id=0, *args: Any, **kwargs: Any) -> Any:
+        if backend == "gloo" and group_id != 0 and world_size > 1:
+            store = _group_store(store, group_id, rank, world_size)
+        return original(backend, store, rank, world_size, group_name, pg_options, group_id, *args, **kwargs)
+
+    _new_process_group_impl.__wrapped__ = original  # type: ignore[attr-defined]
+    return _new_process_group_impl
+
+
+_GROUP_STORES: dict[int, Any] = {}  # keeps each group's store (and its server) alive
+
+
+def _group_store(job_store: Any, group_id: int, rank: int, size: int) -> Any:
+    import os
+    import socket
+
+    from paddle.base import core
+
+    key = f"paddle_ext/gloo_group_store/{group_id}"
+    timeout = int(os.getenv("FLAGS_stop_check_timeout", "900"))
+    if rank == 0:
+        host = os.getenv("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:0").rsplit(":", 1)[0] or "127.0.0.1"
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            port = probe.getsockname()[1]
+        job_store.set(key, f"{host}:{port}")
+        store = core.TCPStore(host, port, True, size, timeout)
+    else:
+        job_store.wait(key)
+        host, port = job_store.get(key).decode().rsplit(":", 1)
+        store = core.TCPStore(host, int(port), False, size, timeout)
+    _GROUP_STORES[group_id] = store
+    return store

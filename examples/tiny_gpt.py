@@ -1,0 +1,113 @@
+"""A small GPT-style model for pipeline parallelism: token + position
+embedding, MLP transformer blocks, and an lm head tied to the embedding.
+
+Every layer initialises its parameters from its own `layer_id`, so the same
+model built as a PipelineLayer on several ranks or as one plain model in one
+process starts from identical weights: that is what the parity tests and the
+demo compare against. Stage outputs are tuples (hidden, position_ids) to show
+that stop_gradient tensors pass through the pipeline.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import paddle.nn as nn
+import paddle.nn.functional as F
+
+
+def _init(param: paddle.Tensor, seed: int, scale: float = 0.2) -> None:
+    rng = np.random.default_rng(seed)
+    param.set_value(rng.uniform(-scale, scale, size=param.shape).astype("float32"))
+
+
+class Embedding(nn.Layer):
+    def __init__(self, vocab: int, hidden: int, seq: int, layer_id: int = 0) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.word = nn.Embedding(vocab, hidden)
+        self.position = nn.Embedding(seq, hidden)
+        _init(self.word.weight, 1000 + layer_id)
+        _init(self.position.weight, 2000 + layer_id)
+
+    @property
+    def embedding_weight(self) -> paddle.Tensor:
+        return self.word.weight
+
+    def forward(self, ids: paddle.Tensor):
+        positions = paddle.arange(ids.shape[1], dtype="int64").unsqueeze(0).expand(ids.shape)
+        return self.word(ids) + self.position(positions), positions
+
+
+def lm_head(embedding: Embedding, inputs):
+    hidden, _ = inputs
+    return paddle.matmul(hidden, embedding.word.weight, transpose_y=True)
+
+
+class Block(nn.Layer):
+    def __init__(self, hidden: int, layer_id: int) -> None:
+        super().__init__()
+        self.layer_id = layer_id
+        self.norm = nn.LayerNorm(hidden)
+        self.up = nn.Linear(hidden, 2 * hidden)
+        self.down = nn.Linear(2 * hidden, hidden)
+        for i, p in enumerate(self.parameters()):
+            _init(p, 100 * layer_id + i)
+
+    def forward(self, inputs):
+        hidden, positions = inputs
+        return hidden + self.down(F.gelu(self.up(self.norm(hidden)))), positions
+
+
+class LMLoss(nn.Layer):
+    def forward(self, logits: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
+        return F.cross_entropy(logits.reshape([-1, logits.shape[-1]]), labels.reshape([-1, 1])).mean()
+
+
+def pipeline_model(vocab: int, hidden: int, seq: int, blocks: int, pp: int, vpp: int = 1):
+    """The model as a fleet PipelineLayer with the lm head tied to the embedding."""
+    from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, SharedLayerDesc
+
+    descs = [SharedLayerDesc("embed", Embedding, shared_weight_attr="embedding_weight",
+                             vocab=vocab, hidden=hidden, seq=seq, layer_id=0)]
+    descs += [LayerDesc(Block, hidden=hidden, layer_id=i + 1) for i in range(blocks)]
+    descs += [SharedLayerDesc("embed", Embedding, forward_func=lm_head, shared_weight_attr="embedding_weight",
+                              vocab=vocab, hidden=hidden, seq=seq, layer_id=0)]
+    return PipelineLayer(layers=descs, num_stages=pp, loss_fn=LMLoss(), seg_method="layer:Block",
+                         num_virtual_pipeline_stages=vpp if vpp > 1 else None)
+
+
+class Reference(nn.Layer):
+    """The same model in one process. The head keeps its own copy of the tied
+    weight so that its gradient can be summed the way the pipeline sums it:
+    each stage accumulates over micro-batches, then one all-reduce adds the two."""
+
+    def __init__(self, vocab: int, hidden: int, seq: int, blocks: int) -> None:
+        super().__init__()
+        self.embed = Embedding(vocab, hidden, seq, layer_id=0)
+        self.head = Embedding(vocab, hidden, seq, layer_id=0)
+        self.blocks = nn.LayerList([Block(hidden, i + 1) for i in range(blocks)])
+        self.loss_fn = LMLoss()
+
+    def forward(self, ids: paddle.Tensor, labels: paddle.Tensor) -> paddle.Tensor:
+        x = self.embed(ids)
+        for block in self.blocks:
+            x = block(x)
+        return self.loss_fn(lm_head(self.head, x), labels)
+
+    def tie_grads(self) -> None:
+        total = self.embed.word.weight.grad + self.head.word.weight.grad
+        self.embed.word.weight.grad.set_value(total)
+        self.head.word.weight.grad.set_value(total)
+
+    def layer(self, layer_id: int, head: bool = False) -> nn.Layer:
+        if layer_id == 0:
+            return self.head if head else self.embed
+        return self.blocks[layer_id - 1]
+
+
+def batch(step: int, size: int, seq: int, vocab: int):
+    rng = np.random.default_rng(10_000 + step)
+    ids = rng.integers(0, vocab, size=(size, seq)).astype("int64")
+    labels = np.roll(ids, -1, axis=1)
+    return paddle.to_tensor(ids), paddle.to_tensor(labels)

@@ -1,0 +1,179 @@
+"""PipelineEngine: the plugin's replacement for fleet's PipelineParallel classes.
+
+One engine for every schedule: it generates the schedule for (pp, vpp,
+accumulate_steps), lowers it once (cached per micro-batch count), and runs this
+rank's action list with the interpreter. train_batch / eval_batch keep fleet's
+signatures; the model is fleet's PipelineLayer, used as is.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Optional
+
+import paddle
+import paddle.distributed as dist
+
+from paddle_ext import compat
+from paddle_ext.pipeline.microbatch import MicroBatches
+from paddle_ext.pipeline.runtime.groups import neighbour_groups
+from paddle_ext.pipeline.runtime.interpreter import Interpreter, StageProgram
+from paddle_ext.pipeline.runtime.transport import P2P
+from paddle_ext.pipeline.schedule import Schedule, generate, lower
+
+
+@dataclass(frozen=True)
+class PipelineSettings:
+    accumulate_steps: int
+    micro_batch_size: int
+    delay_scale_loss: bool = False
+    kind: Optional[str] = None  # None: 1f1b for one virtual stage, interleaved otherwise
+
+    @classmethod
+    def from_strategy(cls, strategy: Any) -> PipelineSettings:
+        pipeline = strategy.pipeline_configs
+        pp_configs = strategy.hybrid_configs["pp_configs"]
+        return cls(accumulate_steps=int(pipeline["accumulate_steps"]),
+                   micro_batch_size=int(pipeline["micro_batch_size"]),
+                   delay_scale_loss=bool(getattr(pp_configs, "delay_scale_loss", False)))
+
+
+@dataclass
+class StepStats:
+    seconds: float
+    peak_in_flight: int
+    microbatches: int
+
+
+class PipelineEngine(paddle.nn.Layer):
+    def __init__(self, layers: Any, hcg: Any, settings: PipelineSettings) -> None:
+        super().__init__()
+        if not isinstance(layers, compat.pipeline_layer_class()):
+            raise TypeError(f"pipeline parallelism needs a PipelineLayer model, got {type(layers).__name__}")
+        self._layers = layers
+        self._hcg = hcg
+        self.settings = settings
+        self.num_stages = hcg.get_pipe_parallel_world_size()
+        self.stage_id = hcg.get_stage_id()
+        self.pp_group = hcg.get_pipe_parallel_group()
+        self.vpp = layers.get_num_virtual_stages()
+        self.accumulate_steps = settings.accumulate_steps
+        self.micro_batch_size = settings.micro_batch_size
+        if self.accumulate_steps < self.num_stages:
+            raise ValueError(
+                f"accumulate_steps = {self.accumulate_steps} is not allowed: must be >= pp_degree = {self.num_stages}")
+        self._p2p = P2P(neighbour_groups(hcg))
+        self._schedules: dict[int, Schedule] = {}
+        self.last_step: Optional[StepStats] = None
+
+    # the schedule ------------------------------------------------------------------
+    def schedule(self, microbatches: Optional[int] = None) -> Schedule:
+        m = microbatches or self.accumulate_steps
+        if m not in self._schedules:
+            kind = self.settings.kind or ("1f1b" if self.vpp == 1 else "interleaved")
+            self._schedules[m] = lower(generate(self.num_stages, self.vpp, m, kind))
+        return self._schedules[m]
+
+    # training ----------------------------------------------------------------------
+    def forward(self, *args: Any, **kwargs: Any) -> Any:
+        return self._layers(*args, **kwargs)
+
+    def train_batch(self, data: Any, optimizer: Any, lr_scheduler: Any = None, scaler: Any = None,
+                    loss_fn_idx: int = 0, return_micro_batch_loss: bool = False) -> paddle.Tensor:
+        loss_fns = compat.pipeline_loss_fns(self._layers)
+        if not 0 <= loss_fn_idx < len(loss_fns) or loss_fns[loss_fn_idx] is None:
+            raise ValueError(f"loss_fn_idx = {loss_fn_idx} names no loss function of the PipelineLayer "
+                             f"(it has {len(loss_fns)})")
+        self._layers.train()
+        losses = self._run(data, loss_fns[loss_fn_idx], scaler, compute_loss=True)
+        self._layers.allreduce_shared_weight_gradients()
+        loss = self._broadcast_loss(losses, return_micro_batch_loss)
+        self._optimizer_step(optimizer, lr_scheduler, scaler)
+        return loss
+
+    def _run(self, data: Any, loss_fn: Any, scaler: Any, compute_loss: bool) -> list:
+        m = self.accumulate_steps
+        batches = MicroBatches(data, m, self.micro_batch_size)
+        losses: list = []
+        scale = not self.settings.delay_scale_loss and m > 1
+
+        def stage_loss(output: Any, mb: int) -> paddle.Tensor:
+            loss = loss_fn(output, batches.labels(mb))
+            if scale:
+                loss = loss / m
+            losses.append(loss.detach())
+            return loss
+
+        def backward_loss(loss: paddle.Tensor) -> None:
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+
+        forward = (lambda x, chunk: self._layers(x, chunk_id=chunk)) if self.vpp > 1 else (lambda x, chunk: self._layers(x))
+        program = StageProgram(rank=self.stage_id, pp=self.num_stages, vpp=self.vpp, forward=forward,
+                               loss=stage_loss, first_input=batches.inputs, backward_loss=backward_loss)
+        start = time.perf_counter()
+        interpreter = Interpreter(program, self.schedule(m).ranks[self.stage_id], self._p2p)
+        interpreter.run()
+        self.last_step = StepStats(time.perf_counter() - start, interpreter.peak_in_flight, m)
+        return losses
+
+    def _broadcast_loss(self, losses: list, per_microbatch: bool) -> paddle.Tensor:
+        last = self.num_stages - 1
+        src = self._hcg.get_rank_from_stage(last)
+        m = self.accumulate_steps
+        if self.stage_id == last:
+            if per_microbatch:
+                loss = paddle.stack(losses)
+            else:
+                loss = paddle.zeros_like(losses[0])
+                for item in losses:  # the order fleet sums them in
+                    loss += item
+                if self.settings.delay_scale_loss:
+                    loss = loss / m
+        else:
+            loss = paddle.zeros([m] if per_microbatch else [], dtype="float32")
+        dist.broadcast(loss, src=src, group=self.pp_group)
+        return loss
+
+    def _optimizer_step(self, optimizer: Any, lr_scheduler: Any, scaler: Any) -> None:
+        if self.settings.delay_scale_loss:
+            for p in self._layers.parameters():
+                if getattr(p, "main_grad", None) is not None:
+                    p.main_grad = p.main_grad.scale(1.0 / self.accumulate_steps)
+                elif p.grad is not None:
+                    p.grad.set_value(p.grad.scale(1.0 / self.accumulate_steps))
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        optimizer.clear_grad()
+        if lr_scheduler is not None:
+            lr_scheduler.step()
+
+    # evaluation --------------------------------------------------------------------
+    @paddle.no_grad()
+    def eval_batch(self, data: Any, compute_loss: bool = False, loss_fn_idx: int = 0) -> Any:
+        """Forward only, micro-batch after micro-batch; returns the loss (compute_loss)
+        or, on the last stage, the outputs of every micro-batch (None elsewhere)."""
+        self._layers.eval()
+        m = self.accumulate_steps
+        batches = MicroBatches(data, m, self.micro_batch_size)
+        loss_fn = compat.pipeline_loss_fns(self._layers)[loss_fn_idx] if compute_loss else None
+        pp, rank = self.num_stages, self.stage_id
+        outputs, losses = [], []
+        for mb in range(m):
+            for chunk in range(self.vpp):
+                first, last = chunk == 0 and rank == 0, chunk == self.vpp - 1 and rank == pp - 1
+                x = batches.inputs(mb) if first else self._p2p.recv_activation(("eval", chunk), (rank - 1) % pp)
+                y = self._layers(x, chunk_id=chunk) if self.vpp > 1 else self._layers(x)
+                if not last:
+                    self._p2p.send_activation(("eval", chunk if rank < pp - 1 else chunk + 1), y, (rank + 1) % pp)
+                elif compute_loss:
+                    loss = loss_fn(y, batches.labels(mb))
+                    losses.append(loss / m if m > 1 else loss)
+                else:
+                    outputs.append(y)
+        if compute_loss:
+            return self._broadcast_loss(losses, per_microbatch=False)
+        return outputs if rank == pp - 1 else None

@@ -1,0 +1,1 @@
+"""The pipeline runtime: executes a rank's lowered schedule over Paddle p2p."""

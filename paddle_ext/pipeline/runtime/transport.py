@@ -1,0 +1,139 @@
+"""Point-to-point transport of pipeline payloads between neighbouring stages.
+
+A payload is a tensor or a tuple of tensors (hidden states plus masks or
+position ids). The first transfer between a pair of chunks carries a small
+int64 header describing the payload (count, dtypes, shapes, stop_gradient);
+later transfers reuse it, as upstream's p2p_cache_shape does. Gradients need
+no header: the producer of an activation knows the shape of its gradient.
+
+Transfers use synchronous send/recv on a two-rank group per neighbouring pair
+(the same API on gloo and NCCL, Paddle 2.6 and 3.x). On gloo a
+send blocks until the peer posts its recv, which is why the schedule's lowering
+orders every transfer globally (paddle_ext.pipeline.schedule.lower).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import paddle
+
+_DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool", "uint8", "int8", "int16")
+
+
+def _dtype_name(t: paddle.Tensor) -> str:
+    return str(t.dtype).replace("paddle.", "")
+
+
+@dataclass(frozen=True)
+class TensorMeta:
+    dtype: str
+    shape: tuple[int, ...]
+    stop_gradient: bool
+
+
+@dataclass(frozen=True)
+class PayloadMeta:
+    tensors: tuple[TensorMeta, ...]
+    is_tuple: bool
+
+    def encode(self) -> list[int]:
+        code = [int(self.is_tuple), len(self.tensors)]
+        for t in self.tensors:
+            code += [_DTYPES.index(t.dtype), int(t.stop_gradient), len(t.shape), *t.shape]
+        return code
+
+    @classmethod
+    def decode(cls, code: Sequence[int]) -> PayloadMeta:
+        is_tuple, count, pos = bool(code[0]), code[1], 2
+        tensors = []
+        for _ in range(count):
+            dtype, stop, ndim = _DTYPES[code[pos]], bool(code[pos + 1]), code[pos + 2]
+            shape = tuple(int(d) for d in code[pos + 3:pos + 3 + ndim])
+            tensors.append(TensorMeta(dtype, shape, stop))
+            pos += 3 + ndim
+        return cls(tuple(tensors), is_tuple)
+
+    @classmethod
+    def of(cls, payload: Any) -> PayloadMeta:
+        items = payload if isinstance(payload, (tuple, list)) else (payload,)
+        for i, t in enumerate(items):
+            if not isinstance(t, paddle.Tensor):
+                raise TypeError(f"pipeline stage outputs must be Tensors or tuples of Tensors; item {i} is {type(t).__name__}")
+        metas = tuple(TensorMeta(_dtype_name(t), tuple(int(d) for d in t.shape), bool(t.stop_gradient)) for t in items)
+        return cls(metas, isinstance(payload, (tuple, list)))
+
+
+def as_tuple(payload: Any) -> tuple:
+    return tuple(payload) if isinstance(payload, (tuple, list)) else (payload,)
+
+
+class P2P:
+    """Sends and receives payloads to neighbouring pipeline stages.
+
+    `neighbours` maps a neighbour's pipeline rank to the two-rank group shared
+    with it (see groups.py for why the whole pipeline group will not do).
+    """
+
+    def __init__(self, neighbours: dict[int, Any]) -> None:
+        self._links = {}
+        for peer, group in neighbours.items():
+            me = group.rank
+            self._links[peer] = (group.process_group, 1 - me)
+        self._sent_meta: dict[Any, PayloadMeta] = {}
+        self._recv_meta: dict[Any, PayloadMeta] = {}
+
+    # raw tensors -----------------------------------------------------------------
+    def _send(self, tensor: paddle.Tensor, peer: int) -> None:
+        pg, peer_in_group = self._links[peer]
+        pg.send(tensor, peer_in_group, True).wait()
+
+    def _recv(self, tensor: paddle.Tensor, peer: int) -> None:
+        pg, peer_in_group = self._links[peer]
+        pg.recv(tensor, peer_in_group, True).wait()
+
+    # activations -----------------------------------------------------------------
+    def send_activation(self, channel: Any, payload: Any, peer: int) -> None:
+        meta = PayloadMeta.of(payload)
+        cached = self._sent_meta.get(channel)
+        if cached is None:
+            code = meta.encode()
+            self._send(paddle.to_tensor([len(code)], dtype="int64"), peer)
+            self._send(paddle.to_tensor(code, dtype="int64"), peer)
+            self._sent_meta[channel] = meta
+        elif cached != meta:
+            raise ValueError(
+                f"pipeline payload changed between micro-batches on {channel}: first {cached}, now {meta}; "
+                "every micro-batch must give the stage outputs of the same shapes and dtypes")
+        for t in as_tuple(payload):
+            self._send(t.detach(), peer)
+
+    def recv_activation(self, channel: Any, peer: int) -> Any:
+        meta = self._recv_meta.get(channel)
+        if meta is None:
+            size = paddle.zeros([1], dtype="int64")
+            self._recv(size, peer)
+            code = paddle.zeros([int(size.item())], dtype="int64")
+            self._recv(code, peer)
+            meta = self._recv_meta[channel] = PayloadMeta.decode(code.numpy().tolist())
+        tensors = []
+        for m in meta.tensors:
+            t = paddle.empty(list(m.shape), dtype=m.dtype)
+            self._recv(t, peer)
+            t.stop_gradient = m.stop_gradient
+            tensors.append(t)
+        return tuple(tensors) if meta.is_tuple else tensors[0]
+
+    # gradients -------------------------------------------------------------------
+    def send_grads(self, grads: Sequence[paddle.Tensor], peer: int) -> None:
+        for g in grads:
+            self._send(g, peer)
+
+    def recv_grads(self, like: Sequence[TensorMeta], peer: int) -> list[paddle.Tensor]:
+        grads = []
+        for m in like:
+            g = paddle.empty(list(m.shape), dtype=m.dtype)
+            self._recv(g, peer)
+            grads.append(g)
+        return grads

@@ -1,0 +1,61 @@
+"""part-5 cherry from: [Distributed]Add unbalance batch for virtual pp (#58383).
+
+Upstream #58383 let interleaved VPP take accumulate_steps that are not a
+multiple of pp_degree (the first group of micro-batches takes acc % pp + pp).
+This unit goes further and replaces fleet's PipelineParallel classes with
+paddle_ext's PipelineEngine: one schedule IR for FthenB, 1F1B and interleaved
+VPP with any accumulate_steps >= pp_degree (pp_degree = 2 with VPP included),
+and a runtime that runs on gloo (CPU) as on NCCL. Two CPU fixes come with it:
+PipelineLayer reads ParallelEnv().device_id, which a CPU build never sets.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from paddle_ext import compat
+from paddle_ext.patches._unit import Patcher, PatchUnit
+
+
+def _engine_distributed_model(original):
+    @functools.wraps(original)
+    def distributed_model(model):
+        from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings
+
+        hcg = compat.fleet_hcg()
+        if (hcg is not None and hcg.get_pipe_parallel_world_size() > 1
+                and isinstance(model, compat.pipeline_layer_class())):
+            return PipelineEngine(model, hcg, PipelineSettings.from_strategy(compat.fleet_strategy()))
+        return original(model)
+
+    distributed_model.__paddle_ext_unit__ = "pipeline_engine"
+    return distributed_model
+
+
+def _device_id(self) -> int:
+    # Set only when a GPU/XPU/custom device was selected; CPU runs use 0.
+    return getattr(self, "_device_id", 0)
+
+
+def _apply(patcher: Patcher) -> None:
+    fleet, fleet_model = compat.fleet_modules()
+    wrapped = _engine_distributed_model(fleet_model.distributed_model)
+    patcher.swap(fleet_model, "distributed_model", wrapped)
+    patcher.swap(fleet, "distributed_model", wrapped)
+    patcher.swap(compat.parallel_env_class(), "device_id", property(_device_id))
+
+
+def _verify() -> bool:
+    fleet, fleet_model = compat.fleet_modules()
+    return all(getattr(m.distributed_model, "__paddle_ext_unit__", None) == "pipeline_engine"
+               for m in (fleet, fleet_model))
+
+
+UNIT = PatchUnit(
+    name="pipeline_engine",
+    upstream=(58383,),
+    title="Add unbalance batch for virtual pp",
+    summary="fleet.distributed_model returns paddle_ext's PipelineEngine for pp_degree > 1",
+    apply=_apply,
+    verify=_verify,
+)

@@ -1,0 +1,125 @@
+"""Rank script: the pipeline engine against a single-process run of the same model.
+
+For each (vpp, accumulate_steps) pair: 3 train_batch steps with Adam; at every
+step the loss and this rank's parameter grads must equal the single-process
+reference bit for bit, and after the steps the parameters too. The first pair
+goes through fleet.distributed_model / distributed_optimizer (the fleet glue).
+
+Usage: pipeline_parity.py PP VPP:M[,VPP:M...] [delay_scale]
+"""
+
+import sys
+
+import numpy as np
+import paddle
+import paddle.distributed.fleet as fleet
+
+sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
+import paddle_ext  # noqa: E402
+from examples.tiny_gpt import Embedding, Reference, batch, pipeline_model  # noqa: E402
+from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings  # noqa: E402
+from paddle_ext.pipeline.schedule import simulate  # noqa: E402
+
+VOCAB, HIDDEN, SEQ, MBS, STEPS = 32, 16, 8, 2, 3
+
+
+class GradRecorder:
+    """Wraps an optimizer: keeps a copy of every grad just before step()."""
+
+    def __init__(self, inner, params):
+        self.inner, self.params, self.grads = inner, params, None
+
+    def step(self):
+        self.grads = {k: (None if p.grad is None else p.grad.numpy().copy()) for k, p in self.params.items()}
+        self.inner.step()
+
+    def clear_grad(self, *args, **kwargs):
+        self.inner.clear_grad(*args, **kwargs)
+
+
+def pipeline_params(model, stage):
+    """(layer_id, is_head, param name) -> Parameter for the layers this rank holds."""
+    out = {}
+    for layer in model.sublayers():
+        if hasattr(layer, "layer_id"):
+            head = isinstance(layer, Embedding) and stage != 0
+            for name, p in layer.named_parameters():
+                out[(layer.layer_id, head, name)] = p
+    return out
+
+
+def check(what, got, want):
+    if got is None and want is None:
+        return
+    assert got is not None and want is not None, f"{what}: one side has no value"
+    if not np.array_equal(got, want):
+        diff = np.max(np.abs(got.astype(np.float64) - want)) if got.shape == want.shape else "shape"
+        raise AssertionError(f"{what}: pipeline differs from the single-process run (max abs diff {diff})")
+
+
+def run_pair(hcg, vpp, m, delay, via_fleet):
+    pp, stage = hcg.get_pipe_parallel_world_size(), hcg.get_stage_id()
+    paddle.seed(0)
+    model = pipeline_model(VOCAB, HIDDEN, SEQ, blocks=pp * vpp, pp=pp, vpp=vpp)
+    ref = Reference(VOCAB, HIDDEN, SEQ, blocks=pp * vpp)
+    mine = pipeline_params(model, stage)
+    ref_params = {key: getattr(ref.layer(key[0], key[1]), key[2].split(".")[0]).__getattr__(key[2].split(".")[1])
+                  for key in mine}
+    if via_fleet:
+        engine = fleet.distributed_model(model)
+        assert isinstance(engine, PipelineEngine), type(engine)
+        opt = fleet.distributed_optimizer(paddle.optimizer.Adam(1e-2, parameters=model.parameters()))
+    else:
+        engine = PipelineEngine(model, hcg, PipelineSettings(m, MBS, delay_scale_loss=delay))
+        opt = paddle.optimizer.Adam(1e-2, parameters=model.parameters())
+    recorder = GradRecorder(opt, mine)
+    ref_opt = paddle.optimizer.Adam(1e-2, parameters=ref.parameters())
+    for step in range(STEPS):
+        ids, labels = batch(step, m * MBS, SEQ, VOCAB)
+        loss = engine.train_batch([ids, labels], recorder)
+        ref_loss = paddle.zeros([])
+        for mb in range(m):
+            part = ref(ids[mb * MBS:(mb + 1) * MBS], labels[mb * MBS:(mb + 1) * MBS])
+            if m > 1 and not delay:
+                part = part / m
+            part.backward()
+            ref_loss += part.detach()
+        if delay:
+            ref_loss = ref_loss / m
+        ref.tie_grads()
+        if delay:
+            for p in ref.parameters():
+                if p.grad is not None:
+                    p.grad.set_value(p.grad.scale(1.0 / m))
+        tag = f"pp={pp} vpp={vpp} M={m} step {step}"
+        check(f"{tag} loss", loss.numpy(), ref_loss.numpy())
+        for key, p in ref_params.items():
+            check(f"{tag} grad of {key}", recorder.grads[key], None if p.grad is None else p.grad.numpy())
+        ref_opt.step()
+        ref_opt.clear_grad()
+    for key, p in ref_params.items():
+        check(f"pp={pp} vpp={vpp} M={m} param {key} after {STEPS} steps", mine[key].numpy(), p.numpy())
+    predicted = simulate(engine.schedule(m)).peak_in_flight[stage]
+    assert engine.last_step.peak_in_flight <= predicted, (engine.last_step.peak_in_flight, predicted)
+    print(f"rank {stage}: pp={pp} vpp={vpp} M={m} delay_scale_loss={delay}: bitwise equal "
+          f"(peak in flight {engine.last_step.peak_in_flight}, simulated {predicted})", flush=True)
+
+
+def main():
+    pp = int(sys.argv[1])
+    pairs = [tuple(int(x) for x in item.split(":")) for item in sys.argv[2].split(",")]
+    delay = len(sys.argv) > 3 and sys.argv[3] == "delay_scale"
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": pp,
+                               "pp_configs": {"delay_scale_loss": delay}}
+    strategy.pipeline_configs = {"accumulate_steps": pairs[0][1], "micro_batch_size": MBS}
+    paddle_ext.enable()  # before fleet.init: the gloo fixes cover its group creation
+    fleet.init(is_collective=True, strategy=strategy)
+    hcg = fleet.get_hybrid_communicate_group()
+    for i, (vpp, m) in enumerate(pairs):
+        run_pair(hcg, vpp, m, delay, via_fleet=(i == 0))
+    print(f"rank {hcg.get_stage_id()}: all pairs passed", flush=True)
+
+
+if __name__ == "__main__":
+    main()
