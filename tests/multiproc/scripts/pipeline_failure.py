@@ -1,0 +1,63 @@
+"""Rank script: one pipeline rank raises inside forward or backward.
+
+Usage: pipeline_failure.py PP FAIL_RANK forward|backward
+Every rank must end non-zero, the failing one naming itself, the action and
+its position in the schedule.
+"""
+
+import sys
+
+import paddle
+import paddle.distributed.fleet as fleet
+
+sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
+import paddle_ext  # noqa: E402
+from examples.tiny_gpt import Block, batch, pipeline_model  # noqa: E402
+
+PP, FAIL_RANK, WHERE = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+M, MBS = 4, 2
+
+
+class Boom(paddle.autograd.PyLayer):
+    @staticmethod
+    def forward(ctx, x):
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("injected failure in backward")
+
+
+calls = {"n": 0}
+original_forward = Block.forward
+
+
+def failing_forward(self, inputs):
+    hidden, positions = original_forward(self, inputs)
+    if paddle.distributed.get_rank() == FAIL_RANK and self.training:
+        calls["n"] += 1
+        if calls["n"] == 3:  # the third micro-batch through this rank
+            if WHERE == "forward":
+                raise RuntimeError("injected failure in forward")
+            hidden = Boom.apply(hidden)
+    return hidden, positions
+
+
+Block.forward = failing_forward
+
+
+def main():
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": PP}
+    strategy.pipeline_configs = {"accumulate_steps": M, "micro_batch_size": MBS}
+    paddle_ext.enable()
+    fleet.init(is_collective=True, strategy=strategy)
+    model = fleet.distributed_model(pipeline_model(32, 16, 8, blocks=PP, pp=PP))
+    opt = paddle.optimizer.SGD(0.1, parameters=model.parameters())
+    ids, labels = batch(0, M * MBS, 8, 32)
+    model.train_batch([ids, labels], opt)
+    print("finished without failure", flush=True)
+
+
+if __name__ == "__main__":
+    main()

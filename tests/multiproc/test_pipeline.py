@@ -1,0 +1,44 @@
+"""The pipeline engine on gloo against single-process runs of the same model."""
+
+import re
+
+import pytest
+
+from tests.multiproc.launch import launch
+
+pytestmark = pytest.mark.multiprocess
+
+PAIRS = {2: "1:2,1:3,1:5,1:6,2:2,2:3,2:5,2:6", 4: "1:4,1:5,1:9,1:12,2:4,2:5,2:9,2:12"}
+
+
+def _expect_all_pairs(result, pp):
+    assert result.returncode == 0, result.describe()
+    for rank in range(pp):
+        log = result.logs[rank]
+        assert f"rank {rank}: all pairs passed" in log, result.describe()
+        assert len(re.findall(rf"rank {rank}: pp={pp} vpp=\d M=\d+ .*bitwise equal", log)) == 8
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_grads_losses_and_params_equal_single_process_bitwise(pp):
+    # pp in {2, 4} x vpp in {1, 2} x M in {pp, pp+1, 2pp+1, 3pp}; 3 Adam steps each
+    _expect_all_pairs(launch("pipeline_parity.py", str(pp), PAIRS[pp], nproc=pp, timeout=240), pp)
+
+
+def test_delay_scale_loss_equals_single_process_bitwise():
+    result = launch("pipeline_parity.py", "2", "1:3,2:5", "delay_scale", nproc=2, timeout=150)
+    assert result.returncode == 0, result.describe()
+    assert "pp=2 vpp=2 M=5 delay_scale_loss=True: bitwise equal" in result.logs[0], result.describe()
+
+
+@pytest.mark.parametrize("where", ["forward", "backward"])
+def test_a_failing_rank_ends_every_rank_with_rank_action_and_position(where):
+    result = launch("pipeline_failure.py", "2", "1", where, nproc=2, timeout=120)
+    assert not result.timed_out, result.describe()
+    assert result.returncode != 0, result.describe()
+    assert result.elapsed < 60, result.describe()
+    assert f"injected failure in {where}" in result.logs[1]
+    match = re.search(r"pipeline rank 1: action ([FB]0\.\d) \(position (\d+) of (\d+)", result.logs[1])
+    assert match, result.describe()
+    assert match.group(1).startswith("F" if where == "forward" else "B")
+    assert "finished without failure" not in result.all_text()
