@@ -31,6 +31,7 @@ and `Schedule.from_text(s.to_text()) == s`. Blank lines and `#` comments are ign
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Dict, Iterable, Iterator, Sequence, Tuple, Union
@@ -49,6 +50,7 @@ __all__ = [
     "Compute",
     "Schedule",
     "ScheduleError",
+    "computes",
     "parse_action",
     "stage_of",
     "locate",
@@ -186,7 +188,12 @@ _TOKEN = re.compile(
 
 def parse_action(text: str) -> Action:
     """Parses one token of the grammar in the module docstring."""
-    m = _TOKEN.fullmatch(text.strip())
+    return _parse(text.strip())
+
+
+@functools.lru_cache(maxsize=1 << 16)  # actions are immutable and tokens repeat a lot
+def _parse(text: str) -> Action:
+    m = _TOKEN.fullmatch(text)
     if m is None:
         raise ScheduleError(
             f"cannot parse action {text!r}: expected F<c>.<m>, B<c>.<m>, F<c>.<m>&B<c>.<m>, "
@@ -205,10 +212,11 @@ def parse_action(text: str) -> Action:
 
 def computes(action: Action) -> Tuple[Union[F, B], ...]:
     """The F/B parts of a compute action; () for communication and GS."""
-    if isinstance(action, (F, B)):
-        return (action,)
-    if isinstance(action, FB):
-        return (action.f, action.b)
+    t = type(action)  # exact type tests: this runs for every action of every check
+    if t is F or t is B:
+        return (action,)  # type: ignore[return-value]
+    if t is FB:
+        return (action.f, action.b)  # type: ignore[union-attr]
     return ()
 
 
