@@ -1,0 +1,157 @@
+"""Lowering: turn a compute-only schedule into each rank's complete instruction stream.
+
+Contract of a lowered rank list (what the runtime interpreter executes, in order):
+
+- ``F<c>.<m>``: run chunk c's forward on micro-batch m. Its input is the data loader's
+  micro-batch m on global stage 0, otherwise the tensor an earlier ``RA<c>.<m>`` on this
+  rank received. On the last stage it also computes the loss.
+- ``B<c>.<m>``: backward of that forward; the output gradient comes from the loss on the
+  last stage, otherwise from an earlier ``RG<c>.<m>``. Frees F's activations.
+- ``F..&B..``: both of the above as one overlapped step (inputs received before it).
+- ``SA<c>.<m>>p`` / ``SG<c>.<m>>p``: send F(c, m)'s output / B(c, m)'s input gradient
+  to rank p. Always after the compute that made it; the tensor may be freed after.
+- ``RA<c>.<m><p`` / ``RG<c>.<m><p``: receive from rank p; always before the consumer.
+- ``GS<c>`` (only with grad_sync=True): chunk c's last backward on this rank is done, its
+  gradient buckets may launch (asynchronously, on their own group).
+
+Sends and receives may be blocking rendezvous (gloo: a send returns only once the peer
+posts the receive). The lists are deadlock-free by construction: `lower` *runs* the
+compute schedule under exactly those semantics and records what happened. Each
+transfer takes place at the first moment the tensor exists and both ranks are between
+computes; a rank whose next compute lacks an input waits; no rank ever waits just to
+send. The recorded transfers form one global sequence and every rank performs its own
+in that order, so the earliest unfinished transfer always has both sides waiting for
+it and nothing can hang. (`validate` proves it again by simulation.)
+
+Placing transfers only where both ranks are idle costs nothing with comm = 0 for the
+generators here: the blocking run's makespan equals the unbounded-buffer ideal in all
+the configurations the tests sweep with F=1, B=2. With comm > 0 every transfer stops
+both ranks for `comm`, which the simulator shows as bubble.
+"""
+
+from __future__ import annotations
+
+import heapq
+from bisect import insort
+from typing import Dict, List, Optional, Sequence, Set, Tuple
+
+from paddle_ext.pipeline.schedule.flow import Payload, consumes, produces
+from paddle_ext.pipeline.schedule.ir import (
+    Action,
+    B,
+    GradSync,
+    RecvAct,
+    RecvGrad,
+    Schedule,
+    SendAct,
+    SendGrad,
+    computes,
+    locate,
+)
+from paddle_ext.pipeline.schedule.render import schedule_error
+from paddle_ext.pipeline.schedule.simulate import Costs, Number, simulate
+from paddle_ext.pipeline.schedule.validate import check_compute
+
+__all__ = ["lower"]
+
+
+def lower(schedule: Schedule, costs: Optional[Costs] = None, grad_sync: bool = False) -> Schedule:
+    """Adds the sends/receives (and, with grad_sync, GS<c> points) to a compute-only
+    schedule.
+
+    `costs` (default F=1, B=2, comm=0) drive the run that places the transfers; the
+    result is deadlock-free whatever the real costs turn out to be, they only move
+    where the waits fall.
+    """
+    if schedule.lowered:
+        raise schedule_error(schedule, "schedule is already lowered: lower() takes the "
+                             "compute-only schedule (Schedule.compute_only())")
+    check_compute(schedule)
+    costs = costs or Costs()
+    pp, ns, ranks = schedule.pp, schedule.num_stages, schedule.ranks
+    needs = [[consumes(pp, ns, r, a) for a in acts] for r, acts in enumerate(ranks)]
+    makes = [[produces(pp, ns, r, a) for a in acts] for r, acts in enumerate(ranks)]
+
+    clock: List[Number] = [0] * pp  # when each rank's current compute ends
+    ptr = [0] * pp
+    have: List[Set[Payload]] = [set() for _ in range(pp)]
+    # Tensors made but not yet sent: a heap until they exist, then a sorted list. The
+    # key (time made, is_grad, micro-batch, source stage) is unique, so the recorded
+    # order is deterministic.
+    future: List[_Pending] = []
+    ready: List[_Pending] = []
+    times: List[Number] = [0]
+    out: List[List[Action]] = [[] for _ in range(pp)]
+    done = 0
+    total = sum(len(a) for a in ranks)
+    comm = costs.comm
+    while times:
+        t = heapq.heappop(times)
+        while times and times[0] == t:
+            heapq.heappop(times)
+        while future and future[0][0][0] <= t:
+            insort(ready, heapq.heappop(future))
+        # 1. Transfers whose two ranks are both between computes now.
+        kept = []
+        for item in ready:
+            _key, p, src, dst, send, recv = item
+            if clock[src] <= t and clock[dst] <= t:
+                out[src].append(send)
+                out[dst].append(recv)
+                have[dst].add(p)
+                if comm:
+                    clock[src] = clock[dst] = t + comm
+                    heapq.heappush(times, t + comm)
+            else:
+                kept.append(item)
+        ready = kept
+        # 2. Computes whose inputs are all here, on ranks that are free.
+        for r in range(pp):
+            i = ptr[r]
+            if clock[r] > t or i >= len(ranks[r]):
+                continue
+            if needs[r][i] and not have[r].issuperset(needs[r][i]):
+                continue
+            a = ranks[r][i]
+            end = t + costs.of(pp, r, a)
+            out[r].append(a)
+            clock[r] = end
+            ptr[r] += 1
+            done += 1
+            heapq.heappush(times, end)
+            for p in makes[r][i]:
+                heapq.heappush(future, _pending(pp, p, end))
+    if done < total or future or ready:
+        simulate(schedule, costs)  # raises the deadlock error with the waiting chain
+        raise schedule_error(schedule, "lowering could not finish the schedule")
+    if grad_sync:
+        out = [_with_grad_sync(acts) for acts in out]
+    return schedule.with_ranks(out)
+
+
+_Pending = Tuple[Tuple[Number, int, int, int], Payload, int, int, Action, Action]
+
+
+def _pending(pp: int, p: Payload, made: Number) -> _Pending:
+    """A tensor waiting to be sent, with both sides' actions spelled out once."""
+    is_grad, s_stage, d_stage, mb = p
+    (src, s_chunk), (dst, d_chunk) = locate(pp, s_stage), locate(pp, d_stage)
+    send = (SendGrad if is_grad else SendAct)(s_chunk, mb, dst)
+    recv = (RecvGrad if is_grad else RecvAct)(d_chunk, mb, src)
+    return ((made, int(is_grad), mb, s_stage), p, src, dst, send, recv)
+
+
+def _with_grad_sync(acts: Sequence[Action]) -> List[Action]:
+    last: Dict[int, int] = {}
+    for i, a in enumerate(acts):
+        for p in computes(a):
+            if isinstance(p, B):
+                last[p.chunk] = i
+    after: Dict[int, List[Action]] = {}
+    for c, i in sorted(last.items()):
+        after.setdefault(i, []).append(GradSync(c))
+    res: List[Action] = []
+    for i, a in enumerate(acts):
+        res.append(a)
+        res += after.get(i, [])
+    return res

@@ -1,0 +1,207 @@
+"""Pictures of a schedule: the rank x step grid (for errors), a text timeline of a
+simulation, and a PNG timeline through matplotlib (an optional dependency).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Iterable, List, Optional, Sequence, Tuple
+
+from paddle_ext.pipeline.schedule.ir import Comm, GradSync, Schedule, ScheduleError, computes
+
+if TYPE_CHECKING:  # simulate imports this module for its errors
+    from paddle_ext.pipeline.schedule.simulate import SimResult
+
+__all__ = ["step_grid", "schedule_error", "text_timeline", "plot_timeline"]
+
+# A grid wider than this many steps shows only the steps around the marks.
+_MAX_GRID_STEPS = 32
+_CONTEXT = 5
+
+
+def _visible_steps(length: int, marks: Sequence[Tuple[int, int]]) -> List[Optional[int]]:
+    """Step indices to show, with None standing for an elided run."""
+    if length <= _MAX_GRID_STEPS or not marks:
+        return list(range(min(length, _MAX_GRID_STEPS if not marks else length)))
+    keep = set()
+    for _, i in marks:
+        keep.update(range(max(0, i - _CONTEXT), min(length, i + _CONTEXT + 1)))
+    out: List[Optional[int]] = []
+    for i in sorted(keep):
+        if out and out[-1] is not None and i != out[-1] + 1:
+            out.append(None)
+        elif not out and i > 0:
+            out.append(None)
+        out.append(i)
+    if out[-1] is not None and out[-1] < length - 1:
+        out.append(None)
+    return out
+
+
+def step_grid(schedule: Schedule, marks: Iterable[Tuple[int, int]] = ()) -> str:
+    """Ranks as rows, list positions (steps) as columns; marked actions read `[F0.3]!`.
+
+    Long schedules show the steps near the marks, with `...` for the rest.
+    """
+    marks = sorted(set(marks))
+    marked = set(marks)
+    length = max((len(r) for r in schedule.ranks), default=0)
+    steps = _visible_steps(length, marks)
+    cells = [[
+        "..." if i is None else
+        ("" if i >= len(acts) else
+         f"[{acts[i]}]!" if (r, i) in marked else str(acts[i]))
+        for i in steps] for r, acts in enumerate(schedule.ranks)]
+    header = ["..." if i is None else str(i) for i in steps]
+    widths = [max(len(h), *(len(row[k]) for row in cells)) for k, h in enumerate(header)]
+    label = max(len(f"rank {schedule.pp - 1}"), len("step"))
+    lines = [f"{'step'.ljust(label)} | " + " ".join(h.ljust(w) for h, w in zip(header, widths))]
+    for r, row in enumerate(cells):
+        lines.append(f"{f'rank {r}'.ljust(label)} | "
+                     + " ".join(c.ljust(w) for c, w in zip(row, widths)))
+    if length > _MAX_GRID_STEPS and not marks:
+        lines.append(f"(first {_MAX_GRID_STEPS} of {length} steps)")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def schedule_error(schedule: Schedule, reason: str,
+                   marks: Sequence[Tuple[int, int]] = ()) -> ScheduleError:
+    """A ScheduleError whose message is `reason` followed by the marked grid."""
+    first = marks[0] if marks else (None, None)
+    return ScheduleError(reason, first[0], first[1], step_grid(schedule, marks))
+
+
+def text_timeline(result: SimResult, width: Optional[int] = None) -> str:
+    """Ranks as rows, simulated time as columns.
+
+    Each compute action is drawn from its start to its end with its label at the left
+    (`F0.3  B0.1      `), `.` is idle time (waiting included) and `~` a transfer that
+    costs time. By default one time unit is as wide as the longest F/B label plus one,
+    so every label fits; `width` fits the whole timeline into that many columns instead,
+    cutting labels short where needed.
+    """
+    spans = [s for row in result.spans for s in row]
+    compute = [s for s in spans if computes(s.action)]
+    makespan = float(result.makespan)
+    if width is None:
+        label = max((len(str(p)) for s in compute for p in computes(s.action)), default=4) + 1
+        shortest = min((float(s.end - s.start) for s in compute if s.end > s.start), default=1.0)
+        scale = label / shortest
+    else:
+        scale = max(1, width) / makespan
+    ncols = max(1, int(round(makespan * scale)))
+    rows = []
+    for row in result.spans:
+        line = ["."] * ncols
+        for s in row:
+            lo, hi = int(round(float(s.start) * scale)), int(round(float(s.end) * scale))
+            if isinstance(s.action, Comm):
+                transfer = float(result.costs.comm) * scale
+                for c in range(max(lo, int(round(hi - transfer))), min(hi, ncols)):
+                    line[c] = "~"
+                continue
+            if isinstance(s.action, GradSync) or hi <= lo:
+                continue
+            text = str(s.action).ljust(hi - lo)[: hi - lo]
+            if hi - lo > 1 and len(str(s.action)) >= hi - lo:
+                text = text[: hi - lo - 1] + " "  # keep neighbouring labels apart
+            line[lo:hi] = list(text)
+        rows.append("".join(line).rstrip())
+    names = [f"rank {r}" for r in range(len(rows))]
+    pad = max(len("time"), *(len(n) for n in names))
+    tick = _nice_tick(8 / scale)  # a label every 8 or more columns
+    ruler = [" "] * (ncols + 12)
+    t = 0.0
+    while t * scale <= ncols:
+        col = int(round(t * scale))
+        ruler[col: col + len(f"{t:g}")] = f"{t:g}"
+        t += tick
+    lines = ["time".ljust(pad) + " |" + "".join(ruler).rstrip()]
+    lines += [n.ljust(pad) + " |" + row for n, row in zip(names, rows)]
+    return "\n".join(lines)
+
+
+def _nice_tick(at_least: float) -> float:
+    step = 1.0
+    while step < at_least:
+        for mult in (2, 2.5, 2):
+            step *= mult
+            if step >= at_least:
+                break
+    return step
+
+
+def _shade(rgb: Sequence[float], chunk: int, vpp: int) -> Tuple[float, float, float]:
+    # Later chunks are mixed with white, so a chunk reads as a lighter band of the same
+    # micro-batch colours.
+    mix = 0.55 * chunk / max(1, vpp - 1) if vpp > 1 else 0.0
+    return tuple(c + (1.0 - c) * mix for c in rgb[:3])  # type: ignore[return-value]
+
+
+def plot_timeline(result: SimResult, path: str, title: Optional[str] = None) -> str:
+    """Writes a PNG (or any format matplotlib infers from `path`) of the timeline.
+
+    F and B are coloured by micro-batch (B hatched), later chunks lighter; transfers
+    that cost time are thin grey bars. Returns `path`.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg", force=False)
+        import matplotlib.pyplot as plt
+        from matplotlib.patches import Patch
+    except ImportError as err:  # optional dependency
+        raise ImportError(
+            "plotting a schedule needs matplotlib, which is not installed: "
+            "pip install matplotlib (or pip install 'paddle-ext[plot]')") from err
+
+    sched = result.schedule
+    # tab10 keeps ten micro-batches clearly apart; beyond that a smooth map is all we can do.
+    many = sched.microbatches > 10
+    cmap = plt.get_cmap("turbo" if many else "tab10")
+
+    def colour(mb: int) -> Sequence[float]:
+        return cmap(0.05 + 0.9 * mb / (sched.microbatches - 1)) if many else cmap(mb)
+
+    makespan = float(result.makespan)
+    fig_w = min(40.0, max(8.0, 2.0 + makespan * 0.25))
+    fig, ax = plt.subplots(figsize=(fig_w, 1.4 + 0.55 * sched.pp))
+    for r, row in enumerate(result.spans):
+        y = sched.pp - 1 - r
+        for s in row:
+            start, dur = float(s.start), float(s.end - s.start)
+            if isinstance(s.action, Comm):
+                comm = float(result.costs.comm)
+                if comm > 0:
+                    ax.broken_barh([(float(s.end) - comm, comm)], (y - 0.45, 0.12),
+                                   facecolors="0.6")
+                continue
+            parts = computes(s.action)
+            if not parts or dur <= 0:
+                continue
+            n = len(parts)
+            for k, p in enumerate(parts):  # an FB splits its bar in two halves
+                h = 0.8 / n
+                ax.broken_barh([(start, dur)], (y - 0.4 + k * h, h),
+                               facecolors=[_shade(colour(p.mb), p.chunk, sched.vpp)],
+                               edgecolor="black", linewidth=0.4,
+                               hatch="///" if type(p).__name__ == "B" else None)
+            if dur * 72 * 0.85 * fig_w / makespan > 3.2 * len(str(s.action)):  # fits
+                ax.text(start + dur / 2, y, str(s.action), ha="center", va="center",
+                        fontsize=5)
+    ax.set_yticks(range(sched.pp))
+    ax.set_yticklabels([f"rank {sched.pp - 1 - y}" for y in range(sched.pp)])
+    ax.set_xlim(0, makespan)
+    ax.set_xlabel("simulated time")
+    bubble = float(result.bubble_overall)
+    ax.set_title(title or f"{sched.kind}: pp={sched.pp} vpp={sched.vpp} "
+                 f"microbatches={sched.microbatches}, makespan {makespan:g}, "
+                 f"bubble {bubble:.1%}")
+    ax.legend(handles=[Patch(facecolor="0.5", label="F"),
+                       Patch(facecolor="0.5", hatch="///", label="B"),
+                       Patch(facecolor="0.85", label="lighter = later chunk")],
+              loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize=7, ncol=3,
+              frameon=False)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,283 @@
+"""Cost-model simulation of a schedule: start/end of every action, makespan, bubble,
+peak in-flight activations.
+
+Two execution semantics, chosen by the schedule itself:
+
+- a *lowered* schedule (one with communication actions) runs with blocking
+  point-to-point semantics, as on gloo: a send and its matching receive (matched in
+  order per directed rank pair, see flow.py) both complete at
+  ``max(time the sender posts, time the receiver posts) + comm``. Compute actions
+  only wait for the rank's previous action: their inputs arrived through earlier
+  receives.
+- a *compute-only* schedule runs with dataflow semantics and unbounded buffers: an
+  action starts when its rank is free and its inputs from other ranks exist (their
+  producer's end + comm). This is the ideal that `lower` aims the blocking run at.
+
+Either way a rank that can never go on raises ScheduleError (deadlock) with the
+blocked actions marked.
+
+Costs are per action: one chunk of one micro-batch. Busy time is compute time only;
+idle = makespan - busy, so waiting and transfers count as bubble.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+
+from paddle_ext.pipeline.schedule.flow import Payload, consumes, match_channels, produces
+from paddle_ext.pipeline.schedule.ir import (
+    FB,
+    Action,
+    B,
+    Comm,
+    F,
+    GradSync,
+    Schedule,
+    computes,
+    stage_of,
+)
+from paddle_ext.pipeline.schedule.render import schedule_error
+
+Number = Union[int, float, Fraction]
+
+__all__ = ["Number", "Costs", "Span", "SimResult", "simulate", "peak_in_flight"]
+
+
+@dataclass(frozen=True)
+class Costs:
+    """Per-action costs. `forward`/`backward`: one chunk of one micro-batch; `comm`: one
+    send/recv pair; `overlap`: an FB action (default: its F plus its B).
+
+    Overrides, most specific first: `per_action[(rank, action)]`, then
+    `per_stage[global_stage] = (forward, backward)` (for per-chunk costs, list every
+    stage of the chunk).
+    """
+
+    forward: Number = 1
+    backward: Number = 2
+    comm: Number = 0
+    overlap: Optional[Number] = None
+    per_stage: Mapping[int, Tuple[Number, Number]] = field(default_factory=dict)
+    per_action: Mapping[Tuple[int, Action], Number] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Positive compute costs keep "starts before t" and "ends by t" apart, which
+        # lower() relies on to put each send after its producer.
+        checks = [("forward", self.forward), ("backward", self.backward)]
+        checks += [(f"per_stage[{s}]", c) for s, fb in self.per_stage.items() for c in fb]
+        checks += [(f"per_action[{k}]", c) for k, c in self.per_action.items()
+                   if computes(k[1])]
+        if self.overlap is not None:
+            checks.append(("overlap", self.overlap))
+        for name, value in checks:
+            if not value > 0:
+                raise ValueError(f"cost {name} = {value!r}: compute costs must be > 0")
+        if not self.comm >= 0:
+            raise ValueError(f"cost comm = {self.comm!r}: must be >= 0")
+
+    @classmethod
+    def parse(cls, text: str) -> Costs:
+        """'F,B,comm' (e.g. '1,2,0.1'); integers and fractions like '1/3' stay exact."""
+        parts = [p.strip() for p in text.split(",")]
+        if len(parts) != 3:
+            raise ValueError(f"costs {text!r}: expected three numbers F,B,comm")
+        nums: List[Number] = []
+        for p in parts:
+            try:
+                nums.append(Fraction(p) if "." not in p and "e" not in p.lower() else float(p))
+            except ValueError:
+                raise ValueError(f"costs {text!r}: {p!r} is not a number") from None
+        nums = [int(n) if isinstance(n, Fraction) and n.denominator == 1 else n for n in nums]
+        return cls(nums[0], nums[1], nums[2])
+
+    @property
+    def uniform(self) -> bool:
+        """No per-stage or per-action overrides and no special FB cost."""
+        return not self.per_stage and not self.per_action and self.overlap is None
+
+    def of(self, pp: int, rank: int, action: Action) -> Number:
+        t = type(action)
+        if self.per_action and (rank, action) in self.per_action:
+            return self.per_action[(rank, action)]
+        if not self.per_stage and (t is F or t is B):  # the common case, kept fast
+            return self.forward if t is F else self.backward
+        if isinstance(action, (Comm, GradSync)):
+            return self.comm if isinstance(action, Comm) else 0
+        if t is FB:
+            if self.overlap is not None:
+                return self.overlap
+            return self.of(pp, rank, action.f) + self.of(pp, rank, action.b)
+        fwd, bwd = self.per_stage.get(stage_of(pp, rank, action.chunk),
+                                      (self.forward, self.backward))
+        return fwd if isinstance(action, F) else bwd
+
+
+class Span(NamedTuple):
+    """When one action ran. For communication, `start` is when this side posted it and
+    `end` when the transfer finished (the wait is included)."""
+
+    rank: int
+    index: int
+    action: Action
+    start: Number
+    end: Number
+
+
+def _ratio(a: Number, b: Number) -> Number:
+    # Exact when the inputs are exact, so tests can compare bubbles with ==.
+    if isinstance(a, (int, Fraction)) and isinstance(b, (int, Fraction)):
+        return Fraction(a) / Fraction(b)
+    return float(a) / float(b)
+
+
+@dataclass(frozen=True)
+class SimResult:
+    schedule: Schedule
+    costs: Costs
+    mode: str  # "blocking" (lowered) or "dataflow" (compute only)
+    spans: Tuple[Tuple[Span, ...], ...]
+    makespan: Number
+    busy: Tuple[Number, ...]
+    peak_in_flight: Tuple[int, ...]
+
+    @property
+    def idle(self) -> Tuple[Number, ...]:
+        return tuple(self.makespan - b for b in self.busy)
+
+    @property
+    def bubble(self) -> Tuple[Number, ...]:
+        """Idle / makespan for each rank."""
+        return tuple(_ratio(i, self.makespan) for i in self.idle)
+
+    @property
+    def bubble_overall(self) -> Number:
+        """Total idle / (pp * makespan)."""
+        return _ratio(sum(self.idle), self.schedule.pp * self.makespan)
+
+    def span(self, rank: int, action: Action) -> Span:
+        for s in self.spans[rank]:
+            if s.action == action:
+                return s
+        raise KeyError(f"{action} is not on rank {rank}")
+
+
+def peak_in_flight(actions: Sequence[Action]) -> int:
+    """Most chunk-activations held at once: F's run whose B has not finished. An FB
+    holds its F's activation while its B's is still alive, so it counts +1 first."""
+    cur = peak = 0
+    for a in actions:
+        for p in computes(a):
+            if isinstance(p, F):
+                cur += 1
+                peak = max(peak, cur)
+        for p in computes(a):
+            if isinstance(p, B):
+                cur -= 1
+    return peak
+
+
+def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:
+    """Runs `schedule` under `costs` (default F=1, B=2, comm=0); see module docstring."""
+    costs = costs or Costs()
+    if schedule.lowered:
+        spans, mode = _run_blocking(schedule, costs), "blocking"
+    else:
+        spans, mode = _run_dataflow(schedule, costs), "dataflow"
+    makespan = max((s.end for row in spans for s in row), default=0)
+    busy = tuple(sum((s.end - s.start for s in row if computes(s.action)), 0) for row in spans)
+    return SimResult(schedule, costs, mode, tuple(tuple(r) for r in spans), makespan, busy,
+                     tuple(peak_in_flight(acts) for acts in schedule.ranks))
+
+
+def _run_blocking(schedule: Schedule, costs: Costs) -> List[List[Span]]:
+    partner = match_channels(schedule)
+    pp, ranks = schedule.pp, schedule.ranks
+    ptr = [0] * pp
+    clock: List[Number] = [0] * pp
+    spans: List[List[Span]] = [[] for _ in range(pp)]
+    ready = deque(range(pp))
+    queued = [True] * pp
+    while ready:
+        r = ready.popleft()
+        queued[r] = False
+        acts = ranks[r]
+        while ptr[r] < len(acts):
+            i = ptr[r]
+            a = acts[i]
+            if isinstance(a, Comm):
+                q, j = partner[(r, i)]
+                if ptr[q] != j:
+                    break  # the peer completes this pair when it gets to j
+                end = max(clock[r], clock[q]) + max(costs.of(pp, r, a), costs.of(pp, q, ranks[q][j]))
+                spans[r].append(Span(r, i, a, clock[r], end))
+                spans[q].append(Span(q, j, ranks[q][j], clock[q], end))
+                clock[r] = clock[q] = end
+                ptr[q] += 1
+                if not queued[q]:
+                    ready.append(q)
+                    queued[q] = True
+            else:
+                end = clock[r] + costs.of(pp, r, a)
+                spans[r].append(Span(r, i, a, clock[r], end))
+                clock[r] = end
+            ptr[r] += 1
+    if any(ptr[r] < len(ranks[r]) for r in range(pp)):
+        raise _deadlock(schedule, ptr, lambda r: partner[(r, ptr[r])][0])
+    return spans
+
+
+def _run_dataflow(schedule: Schedule, costs: Costs) -> List[List[Span]]:
+    pp, ns, ranks = schedule.pp, schedule.num_stages, schedule.ranks
+    ptr = [0] * pp
+    clock: List[Number] = [0] * pp
+    spans: List[List[Span]] = [[] for _ in range(pp)]
+    avail: Dict[Payload, Number] = {}
+    waiting: Dict[Payload, List[int]] = {}
+    blocked_on: Dict[int, Payload] = {}
+    ready = deque(range(pp))
+    while ready:
+        r = ready.popleft()
+        acts = ranks[r]
+        while ptr[r] < len(acts):
+            a = acts[ptr[r]]
+            need = consumes(pp, ns, r, a)
+            missing = [p for p in need if p not in avail]
+            if missing:
+                waiting.setdefault(missing[0], []).append(r)
+                blocked_on[r] = missing[0]
+                break
+            blocked_on.pop(r, None)
+            start = max([clock[r]] + [avail[p] for p in need])
+            end = start + costs.of(pp, r, a)
+            spans[r].append(Span(r, ptr[r], a, start, end))
+            clock[r] = end
+            for p in produces(pp, ns, r, a):
+                avail[p] = end + costs.comm
+                ready.extend(waiting.pop(p, ()))
+            ptr[r] += 1
+    if any(ptr[r] < len(ranks[r]) for r in range(pp)):
+        def producer_rank(r: int) -> int:
+            _, src, _, _ = blocked_on[r]
+            return src % pp
+        raise _deadlock(schedule, ptr, producer_rank)
+    return spans
+
+
+def _deadlock(schedule: Schedule, ptr: Sequence[int], waits_for) -> Exception:
+    """Names one cycle of ranks waiting on each other, marks every blocked action."""
+    ranks = schedule.ranks
+    stuck = [r for r in range(schedule.pp) if ptr[r] < len(ranks[r])]
+    finished = [r for r in range(schedule.pp) if ptr[r] >= len(ranks[r])]
+    r, seen, chain = stuck[0], [], []
+    while r not in seen and ptr[r] < len(ranks[r]):
+        seen.append(r)
+        q = waits_for(r)
+        chain.append(f"rank {r} waits in {ranks[r][ptr[r]]} (step {ptr[r]}) for rank {q}")
+        r = q
+    tail = (f"; rank {r} has already finished its list" if r in finished else "")
+    reason = "deadlock: " + ", ".join(chain) + tail + (
+        " (a cycle: no rank can go on)" if not tail else "") + "."
+    return schedule_error(schedule, reason, [(r, ptr[r]) for r in stuck])
