@@ -1,0 +1,58 @@
+"""The pipeline schedule layer, pure Python (no Paddle import anywhere below here).
+
+    from paddle_ext.pipeline.schedule import generate, lower, validate, simulate
+    s = generate(pp=4, vpp=2, microbatches=10)       # compute-only: F/B order per rank
+    lowered = lower(s)                               # + sends/recvs, deadlock-free
+    result = validate(lowered)                       # raises ScheduleError, else SimResult
+    print(result.makespan, result.bubble_overall, result.peak_in_flight)
+    print(Schedule.from_text(lowered.to_text()) == lowered)  # True
+
+Modules: ir (actions, text form, Schedule), generate (fthenb / 1f1b / interleaved),
+lower (communication), flow (data dependencies, channel matching), validate, simulate
+(cost model), analytic (closed forms), render (grids, timelines, PNG), cli.
+"""
+
+from paddle_ext.pipeline.schedule.analytic import bubble as analytic_bubble
+from paddle_ext.pipeline.schedule.analytic import makespan as analytic_makespan
+from paddle_ext.pipeline.schedule.analytic import peak_in_flight_bound
+from paddle_ext.pipeline.schedule.generate import (
+    KINDS,
+    ScheduleArgumentError,
+    check_args,
+    fthenb,
+    generate,
+    interleaved,
+    microbatch_groups,
+    one_f_one_b,
+)
+from paddle_ext.pipeline.schedule.ir import (
+    FB,
+    Action,
+    B,
+    Comm,
+    F,
+    GradSync,
+    RecvAct,
+    RecvGrad,
+    Schedule,
+    ScheduleError,
+    SendAct,
+    SendGrad,
+    computes,
+    locate,
+    parse_action,
+    stage_of,
+)
+from paddle_ext.pipeline.schedule.lower import lower
+from paddle_ext.pipeline.schedule.render import plot_timeline, step_grid, text_timeline
+from paddle_ext.pipeline.schedule.simulate import Costs, SimResult, Span, simulate
+from paddle_ext.pipeline.schedule.validate import validate
+
+__all__ = [
+    "KINDS", "Action", "B", "Comm", "Costs", "F", "FB", "GradSync", "RecvAct", "RecvGrad",
+    "Schedule", "ScheduleArgumentError", "ScheduleError", "SendAct", "SendGrad", "SimResult",
+    "Span", "analytic_bubble", "analytic_makespan", "check_args", "computes", "fthenb", "generate",
+    "interleaved", "locate", "lower", "microbatch_groups", "one_f_one_b", "parse_action",
+    "peak_in_flight_bound", "plot_timeline", "simulate", "stage_of", "step_grid",
+    "text_timeline", "validate",
+]
