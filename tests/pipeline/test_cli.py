@@ -1,0 +1,123 @@
+from __future__ import annotations
+
+import importlib.util
+import io
+import os
+import subprocess
+import sys
+
+import pytest
+
+from paddle_ext.pipeline.schedule import Schedule
+from paddle_ext.pipeline.schedule.cli import main
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _run(*argv):
+    out, err = io.StringIO(), io.StringIO()
+    rc = main(list(argv), out=out, err=err)
+    return rc, out.getvalue(), err.getvalue()
+
+
+def test_summary():
+    rc, out, err = _run("--pp", "4", "--vpp", "2", "--microbatches", "10")
+    assert rc == 0, err
+    assert out.startswith("schedule pp=4 vpp=2 microbatches=10 kind=interleaved\n0: F0.0 F0.1")
+    assert "SA" not in out.split("validation")[0]  # compute-only lists by default
+    assert "validation: OK (140 transfers;" in out
+    assert "blocking send/recv): makespan 69" in out
+    assert "  0          60       9    13.0%  13 (13)" in out
+    assert "  3          60       9    13.0%  7 (7)" in out
+    assert "analytic bubble (pp-1)/(vpp*M+pp-1) = 3/23 = 13.0%, makespan 69" in out
+
+
+def test_defaults_to_1f1b_and_prints_lowered_and_text():
+    rc, out, _ = _run("--pp", "2", "--microbatches", "3", "--lowered", "--text")
+    assert rc == 0
+    assert "kind=1f1b" in out
+    assert "0: F0.0 SA0.0>1" in out
+    assert "rank 1 |.....F0.0" in out
+    assert "  0           9       3    25.0%  2 (2)" in out
+
+
+def test_costs_without_closed_form():
+    rc, out, _ = _run("--pp", "2", "--vpp", "2", "--microbatches", "5", "--costs", "1,2,0.5")
+    assert rc == 0
+    assert "comm=0.5" in out
+    assert "analytic bubble: no closed form for non-uniform costs or comm > 0" in out
+
+
+def test_save_and_load(tmp_path):
+    path = str(tmp_path / "s.txt")
+    rc, out, _ = _run("--pp", "3", "--vpp", "2", "--microbatches", "7", "--save", path)
+    assert rc == 0 and f"wrote {path}" in out
+    with open(path) as fh:
+        saved = Schedule.from_text(fh.read())
+    assert saved.lowered and saved.kind == "interleaved"
+    rc, out2, _ = _run("--load", path)
+    assert rc == 0
+    assert out2.startswith(saved.to_text())  # loaded lowered lists are shown as they are
+    assert "makespan 48" in out2
+
+
+def test_load_a_broken_schedule(tmp_path):
+    path = tmp_path / "bad.txt"
+    path.write_text("schedule pp=2 vpp=1 microbatches=1 kind=x\n0: F0.0 B0.0\n1: B0.0 F0.0\n")
+    rc, out, _ = _run("--load", str(path))
+    assert rc == 1
+    assert "invalid schedule: B0.0 on rank 1 (step 0) runs before its forward" in out
+    assert "[B0.0]!" in out
+    path.write_text("schedule pp=2 vpp=1 microbatches=1 kind=x\n0: F0.0 Z\n1:\n")
+    rc, _, err = _run("--load", str(path))
+    assert rc == 2 and "cannot parse action 'Z'" in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--pp", "1", "--microbatches", "4"], "--pp = 1 is not allowed: must be an integer >= 2"),
+    (["--pp", "4", "--vpp", "0", "--microbatches", "4"],
+     "--vpp = 0 is not allowed: must be an integer >= 1"),
+    (["--pp", "4", "--microbatches", "3"],
+     "--microbatches = 3 is not allowed: must be an integer >= --pp (= 4)"),
+    (["--pp", "4", "--microbatches", "8", "--kind", "zb"],
+     "--kind = 'zb' is not allowed: must be one of fthenb, 1f1b, interleaved"),
+    (["--pp", "4", "--vpp", "2", "--microbatches", "8", "--kind", "1f1b"],
+     "--vpp = 2 is not allowed: --kind 1f1b needs 1 (use interleaved for virtual stages)"),
+    (["--microbatches", "8"], "--pp is required (or --load FILE)"),
+    (["--pp", "2"], "--microbatches is required (or --load FILE)"),
+    (["--pp", "2", "--microbatches", "2", "--costs", "1,2"],
+     "--costs '1,2': costs '1,2': expected three numbers F,B,comm"),
+    (["--pp", "2", "--microbatches", "2", "--costs", "0,1,0"],
+     "cost forward = 0: compute costs must be > 0"),
+])
+def test_argument_errors(argv, message):
+    rc, out, err = _run(*argv)
+    assert rc == 2
+    assert message in err
+    assert out == ""
+
+
+def test_argparse_errors_return_2(capsys):
+    assert main(["--pp", "four"]) == 2
+    assert "invalid int value: 'four'" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+def test_plot(tmp_path):
+    path = str(tmp_path / "t.png")
+    rc, out, _ = _run("--pp", "2", "--vpp", "2", "--microbatches", "3", "--plot", path)
+    assert rc == 0 and f"wrote {path}" in out
+    assert os.path.getsize(path) > 1000
+
+
+def test_module_entry_point_imports_no_paddle():
+    code = ("import sys, runpy; sys.argv = ['x', '--pp', '2', '--microbatches', '2']\n"
+            "try:\n    runpy.run_module('paddle_ext.pipeline.schedule', run_name='__main__')\n"
+            "except SystemExit as e:\n    assert e.code == 0, e.code\n"
+            "import paddle_ext.pipeline\n"
+            "bad = sorted(m for m in sys.modules if m == 'paddle' or m.startswith('paddle.'))\n"
+            "assert not bad, bad\nprint('NO PADDLE')\n")
+    res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stderr
+    assert "validation: OK" in res.stdout and res.stdout.endswith("NO PADDLE\n")
