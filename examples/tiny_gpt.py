@@ -65,7 +65,12 @@ class LMLoss(nn.Layer):
 
 
 def pipeline_model(vocab: int, hidden: int, seq: int, blocks: int, pp: int, vpp: int = 1):
-    """The model as a fleet PipelineLayer with the lm head tied to the embedding."""
+    """The model as a fleet PipelineLayer with the lm head tied to the embedding.
+
+    Built on fleet's hybrid topology (fleet.init first), as PaddleNLP does: with
+    only num_stages, Paddle 2.6's PipelineLayer makes a topology without a
+    sharding axis and its tied-weight set-up fails."""
+    import paddle.distributed.fleet as fleet
     from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, SharedLayerDesc
 
     descs = [SharedLayerDesc("embed", Embedding, shared_weight_attr="embedding_weight",
@@ -73,7 +78,9 @@ def pipeline_model(vocab: int, hidden: int, seq: int, blocks: int, pp: int, vpp:
     descs += [LayerDesc(Block, hidden=hidden, layer_id=i + 1) for i in range(blocks)]
     descs += [SharedLayerDesc("embed", Embedding, forward_func=lm_head, shared_weight_attr="embedding_weight",
                               vocab=vocab, hidden=hidden, seq=seq, layer_id=0)]
-    return PipelineLayer(layers=descs, num_stages=pp, loss_fn=LMLoss(), seg_method="layer:Block",
+    topology = fleet.get_hybrid_communicate_group().topology()
+    assert topology.get_dim("pipe") == pp, (topology.get_dim("pipe"), pp)
+    return PipelineLayer(layers=descs, topology=topology, loss_fn=LMLoss(), seg_method="layer:Block",
                          num_virtual_pipeline_stages=vpp if vpp > 1 else None)
 
 
