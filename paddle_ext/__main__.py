@@ -1,4 +1,4 @@
-"""Command line: python -m paddle_ext {doctor,patches}."""
+"""Command line: python -m paddle_ext {doctor,patches,schedule}."""
 
 from __future__ import annotations
 
@@ -61,6 +61,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     sub.add_parser("doctor", help="Paddle version and build, compiled backends, the patch table").set_defaults(fn=cmd_doctor)
     sub.add_parser("patches", help="the patch series and each unit's status").set_defaults(fn=cmd_patches)
+    from paddle_ext.pipeline.schedule import cli as schedule_cli
+
+    schedule = sub.add_parser("schedule", help="generate, validate, simulate and draw a pipeline schedule")
+    schedule_cli.configure_parser(schedule)
+    schedule.set_defaults(fn=schedule_cli.run)
     return parser
 
 

@@ -12,7 +12,7 @@ from typing import Any
 SUPPORTED = ((2, 6), (3, 0), (3, 1), (3, 2), (3, 3))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def paddle_version() -> tuple[int, int, int]:
     import paddle
 
@@ -57,7 +57,7 @@ def in_dynamic_mode() -> bool:
     return paddle.in_dynamic_mode()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _custom_op_runner():
     # 3.x exposes the eager custom-op entry as _C_ops._run_custom_op; 2.6 as core.eager's.
     from paddle import _C_ops
@@ -153,3 +153,15 @@ def collective_module():
     import paddle.distributed.collective as collective
 
     return collective
+
+
+def distributed_strategy_class():
+    from paddle.distributed.fleet import DistributedStrategy
+
+    return DistributedStrategy
+
+
+
+def pp_config_message(strategy: Any) -> Any:
+    """The protobuf message behind strategy.hybrid_configs['pp_configs']."""
+    return strategy.strategy.hybrid_configs.pp_configs

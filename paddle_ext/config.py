@@ -13,6 +13,7 @@ single units without touching code. Unknown keys and wrong types raise.
 from __future__ import annotations
 
 import os
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -76,3 +77,61 @@ def from_source(source: Any, known_units: tuple[str, ...]) -> PluginConfig:
     _check_units(patches, known_units, "paddle_ext.patches")
     patches.update(_parse_env(os.environ.get(ENV_PATCHES, ""), known_units))
     return PluginConfig(patches=patches)
+
+
+# --- the pipeline's strategy keys ---------------------------------------------------
+
+# Paddle 3.3's hybrid_configs["pp_configs"] keys (scalar ones) and their defaults. On
+# releases whose protobuf lacks some of them (2.6 has the first five) the plugin keeps
+# them beside the strategy, so the same training script runs on every release.
+PP_CONFIG_DEFAULTS: dict[str, Any] = {
+    "dp_comm_overlap": False,
+    "delay_scale_loss": False,
+    "enable_timer": False,
+    "sharding_comm_overlap": False,
+    "profiling": False,
+    "release_gradients": False,
+    "overlap_p2p_comm": False,
+    "clear_every_step_cache": False,
+    "best_unbalanced_scheduler": False,
+    "enable_offload_queue": False,
+    "use_batch_p2p_comm": True,
+    "enable_dynamic_shape": False,
+    "forward_backward_overlap_scheduler": False,
+    "use_dualpipev": False,
+    "sync_param": False,
+    "sync_moment": False,
+    "sync_mode": "broadcast",
+}
+
+_EXTRA_PP_CONFIGS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+
+
+def split_pp_configs(strategy: Any, pp_configs: Mapping[str, Any], native_keys: set[str]) -> dict[str, Any]:
+    """Checks user pp_configs; keeps the keys this Paddle's protobuf lacks beside
+    `strategy` and returns the ones it can store itself."""
+    if not isinstance(pp_configs, Mapping):
+        raise TypeError(f"hybrid_configs['pp_configs'] must be a dict, got {type(pp_configs).__name__}")
+    allowed = set(PP_CONFIG_DEFAULTS) | native_keys
+    unknown = sorted(k for k in pp_configs if k not in allowed)
+    if unknown:
+        raise ValueError(f"unknown hybrid_configs['pp_configs'] keys {unknown}; allowed: {sorted(allowed)}")
+    for key, value in pp_configs.items():
+        default = PP_CONFIG_DEFAULTS.get(key)
+        if isinstance(default, bool) and not isinstance(value, bool):
+            raise TypeError(f"hybrid_configs['pp_configs'][{key!r}] must be True or False, got {value!r}")
+    extra = {k: v for k, v in pp_configs.items() if k not in native_keys}
+    if extra:
+        _EXTRA_PP_CONFIGS.setdefault(strategy, {}).update(extra)
+    return {k: v for k, v in pp_configs.items() if k in native_keys}
+
+
+def pp_config(strategy: Any, key: str) -> Any:
+    """A pp_configs value from wherever this Paddle release keeps it."""
+    extra = _EXTRA_PP_CONFIGS.get(strategy, {})
+    if key in extra:
+        return extra[key]
+    message = strategy.hybrid_configs["pp_configs"]
+    if key in {f.name for f in message.DESCRIPTOR.fields}:
+        return getattr(message, key)
+    return PP_CONFIG_DEFAULTS[key]

@@ -53,7 +53,7 @@ class PatchUnit:
     apply: Callable[[Patcher], None]
     verify: Callable[[], bool]
     native: Callable[[tuple[int, int, int]], bool] = lambda version: False
-    unavailable: Callable[[], "str | None"] = lambda: None
+    unavailable: Callable[[], str | None] = lambda: None
     tags: tuple[str, ...] = field(default_factory=tuple)
 
     @property

@@ -5,8 +5,11 @@ multiple of pp_degree (the first group of micro-batches takes acc % pp + pp).
 This unit goes further and replaces fleet's PipelineParallel classes with
 paddle_ext's PipelineEngine: one schedule IR for FthenB, 1F1B and interleaved
 VPP with any accumulate_steps >= pp_degree (pp_degree = 2 with VPP included),
-and a runtime that runs on gloo (CPU) as on NCCL. Two CPU fixes come with it:
-PipelineLayer reads ParallelEnv().device_id, which a CPU build never sets.
+and a runtime that runs on gloo (CPU) as on NCCL. Also: PipelineLayer reads
+ParallelEnv().device_id, which a CPU build never sets; and strategy
+hybrid_configs['pp_configs'] accepts Paddle 3.3's keys on every release (kept
+beside the strategy where the protobuf lacks them) and rejects unknown ones,
+which 3.x silently drops.
 """
 
 from __future__ import annotations
@@ -37,7 +40,21 @@ def _device_id(self) -> int:
     return getattr(self, "_device_id", 0)
 
 
+def _checked_hybrid_configs(original: property) -> property:
+    def set_hybrid_configs(self, configs):
+        from paddle_ext import config
+
+        if isinstance(configs, dict) and "pp_configs" in configs:
+            native = {f.name for f in compat.pp_config_message(self).DESCRIPTOR.fields}
+            configs = {**configs, "pp_configs": config.split_pp_configs(self, configs["pp_configs"], native)}
+        original.fset(self, configs)
+
+    return property(original.fget, set_hybrid_configs, original.fdel, original.__doc__)
+
+
 def _apply(patcher: Patcher) -> None:
+    strategy_cls = compat.distributed_strategy_class()
+    patcher.swap(strategy_cls, "hybrid_configs", _checked_hybrid_configs(vars(strategy_cls)["hybrid_configs"]))
     fleet, fleet_model = compat.fleet_modules()
     wrapped = _engine_distributed_model(fleet_model.distributed_model)
     patcher.swap(fleet_model, "distributed_model", wrapped)

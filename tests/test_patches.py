@@ -11,7 +11,6 @@ import paddle_ext
 from paddle_ext import compat
 from paddle_ext.patches import read_series, series
 
-
 MISSING = object()
 
 
@@ -27,6 +26,7 @@ def patched_attributes():
     owners += [(compat.collective_module(), "_new_process_group_impl")]
     owners += [(module, "distributed_model") for module in compat.fleet_modules()]
     owners += [(compat.parallel_env_class(), "device_id")]
+    owners += [(compat.distributed_strategy_class(), "hybrid_configs")]
     return {(id(o), name): vars(o).get(name, MISSING) for o, name in owners}
 
 

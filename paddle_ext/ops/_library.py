@@ -31,7 +31,7 @@ def build_info() -> dict[str, Any] | None:
         return json.load(f)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load() -> ctypes.CDLL:
     """Registers the library's ops with Paddle (once) and returns its C handle."""
     info = build_info()

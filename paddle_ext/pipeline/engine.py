@@ -32,11 +32,16 @@ class PipelineSettings:
 
     @classmethod
     def from_strategy(cls, strategy: Any) -> PipelineSettings:
+        from paddle_ext.config import pp_config
+
+        if pp_config(strategy, "use_dualpipev"):
+            raise ValueError("pp_configs.use_dualpipev = True is not supported by paddle_ext's pipeline engine; "
+                             "switch the pipeline_engine unit off (PADDLE_EXT_PATCHES=pipeline_engine=off) "
+                             "to use Paddle's DualPipeV")
         pipeline = strategy.pipeline_configs
-        pp_configs = strategy.hybrid_configs["pp_configs"]
         return cls(accumulate_steps=int(pipeline["accumulate_steps"]),
                    micro_batch_size=int(pipeline["micro_batch_size"]),
-                   delay_scale_loss=bool(getattr(pp_configs, "delay_scale_loss", False)))
+                   delay_scale_loss=bool(pp_config(strategy, "delay_scale_loss")))
 
 
 @dataclass

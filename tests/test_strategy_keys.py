@@ -1,0 +1,63 @@
+"""pp_configs keys of Paddle 3.3 work on every release; unknown ones raise."""
+
+import paddle.distributed.fleet as fleet
+import pytest
+
+import paddle_ext
+from paddle_ext.config import PP_CONFIG_DEFAULTS, pp_config
+from paddle_ext.pipeline.engine import PipelineSettings
+
+
+@pytest.fixture(autouse=True)
+def enabled():
+    paddle_ext.enable()
+    yield
+    paddle_ext.disable()
+
+
+def strategy_with(pp_configs, **pipeline):
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 2, "pp_configs": pp_configs}
+    strategy.pipeline_configs = {"accumulate_steps": 5, "micro_batch_size": 2, **pipeline}
+    return strategy
+
+
+def test_every_3x_key_is_accepted_and_read_back():
+    keys = {"delay_scale_loss": True, "overlap_p2p_comm": True, "forward_backward_overlap_scheduler": True,
+            "use_batch_p2p_comm": False, "release_gradients": True}
+    user_dict = {"pp_configs": dict(keys)}
+    strategy = strategy_with(user_dict["pp_configs"])
+    for key, value in keys.items():
+        assert pp_config(strategy, key) == value, key
+    assert pp_config(strategy, "dp_comm_overlap") is False
+    assert user_dict == {"pp_configs": keys}  # the user's dict is not modified
+    settings = PipelineSettings.from_strategy(strategy)
+    assert (settings.accumulate_steps, settings.micro_batch_size, settings.delay_scale_loss) == (5, 2, True)
+
+
+def test_defaults_match_paddle_3_3():
+    strategy = strategy_with({})
+    for key, default in PP_CONFIG_DEFAULTS.items():
+        assert pp_config(strategy, key) == default, key
+
+
+def test_unknown_key_raises_naming_it():
+    with pytest.raises(ValueError, match=r"unknown hybrid_configs\['pp_configs'\] keys \['overlap_p2p'\]"):
+        strategy_with({"overlap_p2p": True})
+
+
+def test_non_bool_value_raises():
+    with pytest.raises(TypeError, match=r"\['delay_scale_loss'\] must be True or False, got 'yes'"):
+        strategy_with({"delay_scale_loss": "yes"})
+
+
+def test_dualpipev_is_refused_clearly():
+    with pytest.raises(ValueError, match="use_dualpipev = True is not supported"):
+        PipelineSettings.from_strategy(strategy_with({"use_dualpipev": True}))
+
+
+def test_disable_restores_paddle_behaviour():
+    cls = fleet.DistributedStrategy
+    patched = vars(cls)["hybrid_configs"]
+    paddle_ext.disable()
+    assert vars(cls)["hybrid_configs"] is not patched
