@@ -27,8 +27,9 @@ def test_summary():
     assert "SA" not in out.split("validation")[0]  # compute-only lists by default
     assert "validation: OK (140 transfers;" in out
     assert "blocking send/recv): makespan 69" in out
-    assert "  0          60       9    13.0%  13 (13)" in out
-    assert "  3          60       9    13.0%  7 (7)" in out
+    assert "  rank     busy    idle   bubble  peak in-flight (bound)  received ahead\n" in out
+    assert "  0          60       9    13.0%  13 (13)                 3\n" in out
+    assert "  3          60       9    13.0%  7 (7)                   6\n" in out
     assert "analytic bubble (pp-1)/(vpp*M+pp-1) = 3/23 = 13.0%, makespan 69" in out
 
 
@@ -38,7 +39,7 @@ def test_defaults_to_1f1b_and_prints_lowered_and_text():
     assert "kind=1f1b" in out
     assert "0: F0.0 SA0.0>1" in out
     assert "rank 1 |.....F0.0" in out
-    assert "  0           9       3    25.0%  2 (2)" in out
+    assert "  0           9       3    25.0%  2 (2)                   1\n" in out
 
 
 def test_costs_without_closed_form():
@@ -121,3 +122,29 @@ def test_module_entry_point_imports_no_paddle():
                          timeout=60)
     assert res.returncode == 0, res.stderr
     assert "validation: OK" in res.stdout and res.stdout.endswith("NO PADDLE\n")
+
+
+def test_loaded_schedule_with_a_custom_or_inconsistent_label(tmp_path):
+    path = tmp_path / "s.txt"
+    path.write_text("schedule pp=2 vpp=2 microbatches=2 kind=1f1b\n"
+                    "0: F0.0 F0.1 F1.0 F1.1 B1.0 B1.1 B0.0 B0.1\n"
+                    "1: F0.0 F0.1 F1.0 F1.1 B1.0 B1.1 B0.0 B0.1\n")
+    rc, out, _ = _run("--load", str(path))
+    assert rc == 0
+    assert "peak in-flight  " in out and "(bound)" not in out and "analytic" not in out
+
+
+def test_subcommand_wiring():
+    import argparse
+
+    from paddle_ext.pipeline.schedule.cli import configure_parser, run
+
+    parser = argparse.ArgumentParser(prog="python -m paddle_ext")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("schedule")
+    configure_parser(p)
+    p.set_defaults(fn=run)
+    args = parser.parse_args(["schedule", "--pp", "2", "--microbatches", "2"])
+    out, err = io.StringIO(), io.StringIO()
+    assert args.fn(args, out, err) == 0
+    assert "validation: OK" in out.getvalue()

@@ -43,6 +43,19 @@ def test_blocking_semantics_by_hand():
     assert r.busy == (3, 3) and r.idle == (4, 4)
     assert r.bubble == (Fraction(4, 7), Fraction(4, 7)) and r.bubble_overall == Fraction(4, 7)
     assert r.peak_in_flight == (1, 1)
+    assert r.peak_buffered == (1, 1)
+
+
+def test_received_ahead_counts_tensors_waiting_for_their_consumer():
+    s = Schedule(2, 1, 2, [
+        [F(0, 0), SendAct(0, 0, 1), F(0, 1), SendAct(0, 1, 1), RecvGrad(0, 0, 1),
+         RecvGrad(0, 1, 1), B(0, 0), B(0, 1)],
+        [RecvAct(0, 0, 0), RecvAct(0, 1, 0), F(0, 0), B(0, 0), SendGrad(0, 0, 0), F(0, 1),
+         B(0, 1), SendGrad(0, 1, 0)],
+    ])
+    r = simulate(s)
+    assert r.peak_buffered == (2, 2)
+    assert r.peak_in_flight == (2, 1)
 
 
 def test_dataflow_semantics_of_a_compute_only_schedule():

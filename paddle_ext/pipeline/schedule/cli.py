@@ -48,10 +48,10 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="read a schedule text instead of generating one")
 
 
-def main(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout,
-         err: TextIO = sys.stderr) -> int:
-    """Entry point: `argv` are the arguments after 'schedule'. Returns the exit code
-    (0 ok, 1 the schedule is invalid, 2 bad arguments)."""
+def main(argv: Optional[Sequence[str]] = None, out: Optional[TextIO] = None,
+         err: Optional[TextIO] = None) -> int:
+    """Entry point: `argv` are the arguments after 'schedule' (default sys.argv[1:]).
+    Returns the exit code: 0 valid, 1 the schedule is invalid, 2 bad arguments."""
     parser = argparse.ArgumentParser(prog="python -m paddle_ext schedule")
     configure_parser(parser)
     try:
@@ -61,7 +61,11 @@ def main(argv: Optional[Sequence[str]] = None, out: TextIO = sys.stdout,
     return run(args, out, err)
 
 
-def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.stderr) -> int:
+def run(args: argparse.Namespace, out: Optional[TextIO] = None,
+        err: Optional[TextIO] = None) -> int:
+    """Runs a parsed command line (see configure_parser); returns the exit code."""
+    out = out or sys.stdout  # looked up now, so redirected streams are honoured
+    err = err or sys.stderr
     try:
         costs = _parse_costs(args.costs)
         schedule = _schedule(args)
@@ -84,7 +88,7 @@ def run(args: argparse.Namespace, out: TextIO = sys.stdout, err: TextIO = sys.st
     transfers = sum(1 for acts in lowered.ranks for a in acts if isinstance(a, Comm) and a.is_send)
     print(f"validation: OK ({transfers} transfers; every send matched; the blocking send/recv "
           "run finishes, no deadlock)", file=out)
-    print(_summary(result, schedule, costs), file=out)
+    print(_summary(result, costs), file=out)
     if args.text:
         print(file=out)
         print(text_timeline(result), file=out)
@@ -129,26 +133,33 @@ def _fmt(x: object) -> str:
     return f"{float(x):g}"  # type: ignore[arg-type]
 
 
-def _summary(result: SimResult, schedule: Schedule, costs: Costs) -> str:
+def _summary(result: SimResult, costs: Costs) -> str:
     s = result.schedule
     lines: List[str] = [
         f"simulation (F={_fmt(costs.forward)} B={_fmt(costs.backward)} comm={_fmt(costs.comm)} "
         f"per chunk and micro-batch; blocking send/recv): makespan {_fmt(result.makespan)}"]
+    try:  # a loaded schedule may carry any label; the closed forms need a real kind
+        check_args(s.pp, s.vpp, s.microbatches, s.kind)
+        known = s.kind in KINDS
+    except ValueError:
+        known = False
     bounds = None
-    if schedule.kind in KINDS:
-        bounds = [analytic.peak_in_flight_bound(s.pp, s.vpp, s.microbatches, schedule.kind, r)
+    if known:
+        bounds = [analytic.peak_in_flight_bound(s.pp, s.vpp, s.microbatches, s.kind, r)
                   for r in range(s.pp)]
-    header = f"  {'rank':<5}{'busy':>8}{'idle':>8}{'bubble':>9}  peak in-flight"
-    lines.append(header + (" (bound)" if bounds else ""))
+    peak_title = "peak in-flight" + (" (bound)" if bounds else "")
+    lines.append(f"  {'rank':<5}{'busy':>8}{'idle':>8}{'bubble':>9}  {peak_title:<24}"
+                 "received ahead")
+    buffered = result.peak_buffered
     for r in range(s.pp):
         peak = f"{result.peak_in_flight[r]}" + (f" ({bounds[r]})" if bounds else "")
         lines.append(f"  {r:<5}{_fmt(result.busy[r]):>8}{_fmt(result.idle[r]):>8}"
-                     f"{float(result.bubble[r]):>9.1%}  {peak}")
+                     f"{float(result.bubble[r]):>9.1%}  {peak:<24}{buffered[r]}")
     lines.append(f"  overall bubble {float(result.bubble_overall):.1%}")
     formula = analytic.bubble(s.pp, s.vpp, s.microbatches, costs)
-    if formula is not None and schedule.kind in KINDS:
+    if formula is not None and known:
         lines.append(f"  analytic bubble (pp-1)/(vpp*M+pp-1) = {formula} = {float(formula):.1%}, "
                      f"makespan {_fmt(analytic.makespan(s.pp, s.vpp, s.microbatches, costs))}")
-    elif schedule.kind in KINDS:
+    elif known:
         lines.append("  analytic bubble: no closed form for non-uniform costs or comm > 0")
     return "\n".join(lines)

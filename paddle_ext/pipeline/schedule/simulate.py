@@ -157,6 +157,23 @@ class SimResult:
         """Total idle / (pp * makespan)."""
         return _ratio(sum(self.idle), self.schedule.pp * self.makespan)
 
+    @property
+    def peak_buffered(self) -> Tuple[int, ...]:
+        """Most received tensors each rank holds before their consumer runs: boundary
+        tensors (a stage input or an output gradient), on top of `peak_in_flight`."""
+        s = self.schedule
+        out = []
+        for r, acts in enumerate(s.ranks):
+            cur = peak = 0
+            for a in acts:
+                if isinstance(a, Comm) and not a.is_send:
+                    cur += 1
+                    peak = max(peak, cur)
+                elif computes(a) and s.lowered:
+                    cur -= len(consumes(s.pp, s.num_stages, r, a))
+            out.append(peak)
+        return tuple(out)
+
     def span(self, rank: int, action: Action) -> Span:
         for s in self.spans[rank]:
             if s.action == action:

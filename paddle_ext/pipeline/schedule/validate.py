@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
-from paddle_ext.pipeline.schedule.flow import expected_peer
 from paddle_ext.pipeline.schedule.ir import (
     B,
     Comm,
@@ -61,21 +60,21 @@ def check_compute(schedule: Schedule) -> None:
         b_at: Dict[Tuple[int, int], int] = {}
         for i, a in enumerate(acts):
             parts = computes(a)
-            pairs = [(p.chunk, p.mb) for p in parts] or [(a.chunk, getattr(a, "mb", 0))]
-            for c, mb in pairs:
-                if not 0 <= c < v or not 0 <= mb < m_count:
-                    raise schedule_error(
-                        schedule, f"{a} on rank {r} is out of range: chunks are 0..{v - 1} and "
-                        f"micro-batches 0..{m_count - 1}", [(r, i)])
+            if not parts:  # communication or GS: only its range matters here
+                if not 0 <= a.chunk < v or not 0 <= getattr(a, "mb", 0) < m_count:
+                    raise _out_of_range(schedule, r, i)
+                continue
             for p in parts:
-                table = f_at if isinstance(p, F) else b_at
                 key = (p.chunk, p.mb)
+                if not 0 <= key[0] < v or not 0 <= key[1] < m_count:
+                    raise _out_of_range(schedule, r, i)
+                table = f_at if type(p) is F else b_at
                 if key in table:
                     raise schedule_error(
                         schedule, f"{p} appears twice on rank {r} (steps {table[key]} and {i}): "
                         "each (chunk, micro-batch) needs exactly one", [(r, table[key]), (r, i)])
                 table[key] = i
-                if not isinstance(p, B):
+                if table is f_at:
                     continue
                 fi = f_at.get(key)
                 if fi is None:
@@ -100,6 +99,12 @@ def check_compute(schedule: Schedule) -> None:
                         schedule, f"F{c}.{mb} on rank {r} (step {f_at[(c, mb)]}) has no "
                         f"backward: B{c}.{mb} is missing", [(r, f_at[(c, mb)])])
         _check_grad_sync(schedule, r, b_at)
+
+
+def _out_of_range(schedule: Schedule, r: int, i: int) -> Exception:
+    return schedule_error(
+        schedule, f"{schedule.ranks[r][i]} on rank {r} is out of range: chunks are "
+        f"0..{schedule.vpp - 1} and micro-batches 0..{schedule.microbatches - 1}", [(r, i)])
 
 
 def _check_grad_sync(schedule: Schedule, r: int, b_at: Dict[Tuple[int, int], int]) -> None:
@@ -147,15 +152,16 @@ def check_comm(schedule: Schedule) -> None:
         for i, a in enumerate(acts):
             if not isinstance(a, Comm):
                 continue
-            s = stage_of(pp, r, a.chunk)
-            needed, kind, side = _NEEDS[type(a)]
-            if not needed(s, n):
+            s = a.chunk * pp + r
+            _needed, kind, side = _NEEDS[type(a)]
+            # Activation sends and gradient receives face the next stage, the others the
+            # previous one.
+            other = s + 1 if a.is_send != a.is_grad else s - 1
+            if not 0 <= other < n:
                 raise schedule_error(
                     schedule, f"{a} on rank {r} is not needed: stage {s} is the "
-                    f"{'last' if a.is_send != a.is_grad else 'first'} stage", [(r, i)])
-            peer = expected_peer(pp, r, a, n)
-            if a.peer != peer:
-                other = stage_of(pp, r, a.chunk) + (1 if a.is_send != a.is_grad else -1)
+                    f"{'last' if other == n else 'first'} stage", [(r, i)])
+            if a.peer != other % pp:
                 raise schedule_error(
                     schedule, f"{a} on rank {r} talks to rank {a.peer}, but the tensor "
                     f"{'goes to' if a.is_send else 'comes from'} stage {other}, which lives on "
@@ -171,6 +177,10 @@ def check_comm(schedule: Schedule) -> None:
                     schedule, f"{a} on rank {r} (step {i}) must come {side} "
                     f"{acts[ci]} (step {ci}), which {'produces' if side == 'after' else 'needs'} "
                     "its tensor", [(r, i), (r, ci)])
+        expected = sum(1 for c in range(schedule.vpp) for need, _, _ in _NEEDS.values()
+                       if need(stage_of(pp, r, c), n)) * schedule.microbatches
+        if len(at) == expected:  # no duplicates and all in range, so none is missing
+            continue
         for c in range(schedule.vpp):
             s = stage_of(pp, r, c)
             for typ, (needed, kind, _side) in _NEEDS.items():
