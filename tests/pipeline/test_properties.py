@@ -110,3 +110,40 @@ def test_lowered_lists_are_complete_instruction_streams():
         boundaries = pp * v - 1
         assert len(sends) == len(recvs) == 2 * boundaries * m
         assert all(a.peer != r for r, a in comms)
+
+
+def _random_schedule(rng, pp: int, v: int, m: int) -> Schedule:
+    """Per-rank orders from a random topological order of the whole step's dataflow: a
+    compute order that can finish, but nothing like the generators' regular shapes."""
+    n = pp * v
+    ranks = [[] for _ in range(pp)]
+    done = set()
+    ready = {("F", 0, mb) for mb in range(m)}
+    while ready:
+        kind, s, mb = rng.choice(sorted(ready))
+        ready.remove((kind, s, mb))
+        done.add((kind, s, mb))
+        ranks[s % pp].append((F if kind == "F" else B)(s // pp, mb))
+        if kind == "F":
+            ready.add(("F", s + 1, mb) if s + 1 < n else ("B", s, mb))
+        elif s > 0:
+            ready.add(("B", s - 1, mb))
+    return Schedule(pp, v, m, ranks, kind="random")
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_lowering_any_valid_compute_order_cannot_deadlock(seed):
+    import random
+
+    from paddle_ext.pipeline.schedule import Costs, lower, validate
+
+    rng = random.Random(seed)
+    pp, v = rng.randint(2, 5), rng.randint(1, 3)
+    m = rng.randint(pp, 2 * pp + 1)
+    s = _random_schedule(rng, pp, v, m)
+    validate(s)
+    placement = rng.choice([Costs(), Costs(2, 3, 1), Costs(1, 1, Fraction(1, 3))])
+    lowered = lower(s, placement)
+    for costs in (Costs(), Costs(3, 1, 2), placement):  # deadlock-free whatever the costs
+        result = validate(lowered, costs)
+        assert result.makespan >= simulate(s, costs).makespan
