@@ -118,3 +118,14 @@ def batch(step: int, size: int, seq: int, vocab: int):
     ids = rng.integers(0, vocab, size=(size, seq)).astype("int64")
     labels = np.roll(ids, -1, axis=1)
     return paddle.to_tensor(ids), paddle.to_tensor(labels)
+
+
+def pattern_batch(step: int, size: int, seq: int, vocab: int):
+    """Sequences following a fixed rule (next = 5 * token + 3 mod vocab): a model
+    can learn it, so a demo's loss goes down."""
+    rng = np.random.default_rng(20_000 + step)
+    ids = np.empty((size, seq + 1), dtype="int64")
+    ids[:, 0] = rng.integers(0, vocab, size=size)
+    for t in range(seq):
+        ids[:, t + 1] = (5 * ids[:, t] + 3) % vocab
+    return paddle.to_tensor(ids[:, :-1]), paddle.to_tensor(ids[:, 1:])

@@ -49,6 +49,7 @@ class StepStats:
     seconds: float
     peak_in_flight: int
     microbatches: int
+    spans: list  # (position, action, start, end), wall clock; see pipeline.timeline
 
 
 class PipelineEngine(paddle.nn.Layer):
@@ -119,7 +120,7 @@ class PipelineEngine(paddle.nn.Layer):
         start = time.perf_counter()
         interpreter = Interpreter(program, self.schedule(m).ranks[self.stage_id], self._p2p)
         interpreter.run()
-        self.last_step = StepStats(time.perf_counter() - start, interpreter.peak_in_flight, m)
+        self.last_step = StepStats(time.perf_counter() - start, interpreter.peak_in_flight, m, interpreter.spans)
         return losses
 
     def _broadcast_loss(self, losses: list, per_microbatch: bool) -> paddle.Tensor:

@@ -10,6 +10,7 @@ than the simulator's peak in-flight count for that rank.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -81,12 +82,18 @@ class Interpreter:
         self.slots: dict[tuple[int, int], _Slot] = {}
         self.in_flight = 0  # forwards done whose backward has not run: what the simulator counts
         self.peak_in_flight = 0
+        # (position, action, start, end) in wall-clock seconds: ranks on one host share
+        # the clock, so their spans line up into one measured timeline.
+        self.spans: list[tuple[int, Any, float, float]] = []
 
     def run(self) -> None:
         total = len(self.actions)
+        clock = time.time
         for position, action in enumerate(self.actions):
             try:
+                start = clock()
                 self._step(action)
+                self.spans.append((position, action, start, clock()))
             except PipelineStepError:
                 raise
             except Exception as err:

@@ -191,7 +191,7 @@ def plot_timeline(result: SimResult, path: str, title: Optional[str] = None) -> 
     ax.set_yticks(range(sched.pp))
     ax.set_yticklabels([f"rank {sched.pp - 1 - y}" for y in range(sched.pp)])
     ax.set_xlim(0, makespan)
-    ax.set_xlabel("simulated time")
+    ax.set_xlabel("seconds (measured)" if result.mode == "measured" else "simulated time")
     bubble = float(result.bubble_overall)
     ax.set_title(title or f"{sched.kind}: pp={sched.pp} vpp={sched.vpp} "
                  f"microbatches={sched.microbatches}, makespan {makespan:g}, "

@@ -1,0 +1,138 @@
+"""Pipeline efficiency on CPU: pp=2 ranks on gloo against one process.
+
+Measured efficiency = single-process step time / (pp * pipelined step time),
+both measured in this run on the same model and micro-batches, each process
+with one thread. Predicted efficiency = the simulator's for the same schedule,
+fed with the F, B and transfer times measured in the pipelined run, plus the
+measured time train_batch spends outside the schedule (optimizer step, tied-
+weight all-reduce, loss broadcast): sum of compute / (pp * (simulated makespan
++ that time)). Target: measured >= 90% of predicted.
+
+    python bench/pipeline_cpu.py [--vpp 1] [--microbatches 8] [--hidden 512] [--steps 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+PP = 2
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser()
+    p.add_argument("--vpp", type=int, default=1)
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--micro-batch-size", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=512)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--mode", choices=["launch", "single", "rank"], default="launch")
+    p.add_argument("--out", default="")
+    return p.parse_args(argv)
+
+
+def model_args(a):
+    return a.vocab, a.hidden, a.seq, PP * a.vpp
+
+
+def single(a) -> None:
+    import paddle
+
+    from examples.tiny_gpt import Reference, pattern_batch
+
+    model = Reference(*model_args(a))
+    opt = paddle.optimizer.AdamW(1e-3, parameters=model.parameters())
+    m, mbs, times = a.microbatches, a.micro_batch_size, []
+    for step in range(a.steps + 1):
+        ids, labels = pattern_batch(step, m * mbs, a.seq, a.vocab)
+        start = time.perf_counter()
+        for mb in range(m):
+            (model(ids[mb * mbs:(mb + 1) * mbs], labels[mb * mbs:(mb + 1) * mbs]) / m).backward()
+        model.tie_grads()
+        opt.step()
+        opt.clear_grad()
+        times.append(time.perf_counter() - start)
+    with open(a.out, "w") as f:
+        json.dump({"step": statistics.median(times[1:])}, f)
+
+
+def rank(a) -> None:
+    import paddle
+    import paddle.distributed as dist
+    import paddle.distributed.fleet as fleet
+
+    import paddle_ext
+    from examples.tiny_gpt import pattern_batch, pipeline_model
+    from paddle_ext.pipeline.schedule import simulate
+    from paddle_ext.pipeline.timeline import measured_costs
+
+    paddle_ext.enable()
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": PP}
+    strategy.pipeline_configs = {"accumulate_steps": a.microbatches, "micro_batch_size": a.micro_batch_size}
+    fleet.init(is_collective=True, strategy=strategy)
+    model = fleet.distributed_model(pipeline_model(*model_args(a), pp=PP, vpp=a.vpp))
+    opt = paddle.optimizer.AdamW(1e-3, parameters=model.parameters())
+    times, spans, outside = [], [], []
+    for step in range(a.steps + 1):
+        ids, labels = pattern_batch(step, a.microbatches * a.micro_batch_size, a.seq, a.vocab)
+        dist.barrier()
+        start = time.perf_counter()
+        model.train_batch([ids, labels], opt)
+        times.append(time.perf_counter() - start)
+        spans.append(model.last_step.spans)
+        outside.append(times[-1] - model.last_step.seconds)
+    gathered: list = []
+    dist.all_gather_object(gathered, spans, group=model.pp_group)
+    if dist.get_rank() != 0:
+        return
+    schedule = model.schedule()
+    predictions = []
+    for step in range(1, a.steps + 1):
+        per_rank = [g[step] for g in gathered]
+        sim = simulate(schedule, measured_costs(schedule, per_rank))
+        predictions.append(float(sum(sim.busy)) / (PP * (float(sim.makespan) + outside[step])))
+    with open(a.out, "w") as f:
+        json.dump({"step": statistics.median(times[1:]), "predicted": statistics.median(predictions)}, f)
+
+
+def launch(a) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PADDLE_EXT_NUM_THREADS": "1"}
+    tmp = tempfile.mkdtemp(prefix="pipeline_bench_")
+    common = [f"--vpp={a.vpp}", f"--microbatches={a.microbatches}", f"--micro-batch-size={a.micro_batch_size}",
+              f"--hidden={a.hidden}", f"--seq={a.seq}", f"--vocab={a.vocab}", f"--steps={a.steps}"]
+    me = os.path.abspath(__file__)
+    single_out, pipe_out = os.path.join(tmp, "single.json"), os.path.join(tmp, "pipe.json")
+    subprocess.run([sys.executable, me, "--mode=single", f"--out={single_out}", *common], env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(PP),
+                    "--log_dir", os.path.join(tmp, "logs"), me, "--mode=rank", f"--out={pipe_out}", *common],
+                   env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    with open(single_out) as f:
+        t_single = json.load(f)["step"]
+    with open(pipe_out) as f:
+        pipe = json.load(f)
+    measured = t_single / (PP * pipe["step"])
+    print(f"pipeline_cpu: pp={PP} vpp={a.vpp} M={a.microbatches} hidden={a.hidden} seq={a.seq}, 1 thread per process")
+    print(f"reference single process: {t_single * 1e3:.1f} ms/step; pipelined: {pipe['step'] * 1e3:.1f} ms/step")
+    print(f"efficiency measured {measured:.1%}, simulator with measured costs {pipe['predicted']:.1%}: "
+          f"measured/predicted = {measured / pipe['predicted']:.2f} (target >= 0.90)")
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    {"launch": launch, "single": single, "rank": rank}[a.mode](a)
+
+
+if __name__ == "__main__":
+    main()
