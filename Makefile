@@ -1,5 +1,6 @@
 # Two commands for a newcomer (see README.md):
-#   make demo   set up .venv (Paddle + this plugin, built) and run the main job
+#   make demo   set up .venv (Paddle + this plugin, built) and run the main job:
+#               the doctor report, then a pipeline-parallel training demo on 2 CPU ranks
 #   make test   set up .venv the same way and run the test suite
 # PADDLE selects the Paddle release, VENV the environment folder.
 
@@ -24,6 +25,7 @@ $(STAMP): $(NATIVE_SOURCES)
 
 demo: $(STAMP)
 	$(PY) -m paddle_ext doctor
+	$(PY) examples/pipeline_demo.py
 
 test: $(STAMP)
 	$(PY) -m pytest -q tests

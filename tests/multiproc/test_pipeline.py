@@ -25,10 +25,12 @@ def test_grads_losses_and_params_equal_single_process_bitwise(pp):
     _expect_all_pairs(launch("pipeline_parity.py", str(pp), PAIRS[pp], nproc=pp, timeout=240), pp)
 
 
-def test_delay_scale_loss_equals_single_process_bitwise():
-    result = launch("pipeline_parity.py", "2", "1:3,2:5", "delay_scale", nproc=2, timeout=150)
+@pytest.mark.parametrize("mode, marker", [("delay_scale", "delay_scale_loss=True scaler=False"),
+                                           ("scaler", "delay_scale_loss=False scaler=True")])
+def test_delay_scale_loss_and_grad_scaler_equal_single_process_bitwise(mode, marker):
+    result = launch("pipeline_parity.py", "2", "1:3,2:5", mode, nproc=2, timeout=150)
     assert result.returncode == 0, result.describe()
-    assert "pp=2 vpp=2 M=5 delay_scale_loss=True: bitwise equal" in result.logs[0], result.describe()
+    assert f"pp=2 vpp=2 M=5 {marker}: bitwise equal" in result.logs[0], result.describe()
 
 
 @pytest.mark.parametrize("where", ["forward", "backward"])

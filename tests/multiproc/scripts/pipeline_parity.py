@@ -5,7 +5,11 @@ step the loss and this rank's parameter grads must equal the single-process
 reference bit for bit, and after the steps the parameters too. The first pair
 goes through fleet.distributed_model / distributed_optimizer (the fleet glue).
 
-Usage: pipeline_parity.py PP VPP:M[,VPP:M...] [delay_scale]
+After the steps, eval_batch's loss must equal the reference's forward.
+
+Usage: pipeline_parity.py PP VPP:M[,VPP:M...] [delay_scale|scaler]
+(scaler: an AMP GradScaler with loss scaling 2**10, fleet.distributed_scaler on
+the pipeline side, a plain one on the reference side)
 """
 
 import sys
@@ -57,7 +61,7 @@ def check(what, got, want):
         raise AssertionError(f"{what}: pipeline differs from the single-process run (max abs diff {diff})")
 
 
-def run_pair(hcg, vpp, m, delay, via_fleet):
+def run_pair(hcg, vpp, m, delay, via_fleet, use_scaler=False):
     pp, stage = hcg.get_pipe_parallel_world_size(), hcg.get_stage_id()
     paddle.seed(0)
     model = pipeline_model(VOCAB, HIDDEN, SEQ, blocks=pp * vpp, pp=pp, vpp=vpp)
@@ -74,15 +78,19 @@ def run_pair(hcg, vpp, m, delay, via_fleet):
         opt = paddle.optimizer.Adam(1e-2, parameters=model.parameters())
     recorder = GradRecorder(opt, mine)
     ref_opt = paddle.optimizer.Adam(1e-2, parameters=ref.parameters())
+    scaler = ref_scaler = None
+    if use_scaler:
+        scaler = fleet.distributed_scaler(paddle.amp.GradScaler(init_loss_scaling=1024.0))
+        ref_scaler = paddle.amp.GradScaler(init_loss_scaling=1024.0)
     for step in range(STEPS):
         ids, labels = batch(step, m * MBS, SEQ, VOCAB)
-        loss = engine.train_batch([ids, labels], recorder)
+        loss = engine.train_batch([ids, labels], recorder, scaler=scaler)
         ref_loss = paddle.zeros([])
         for mb in range(m):
             part = ref(ids[mb * MBS:(mb + 1) * MBS], labels[mb * MBS:(mb + 1) * MBS])
             if m > 1 and not delay:
                 part = part / m
-            part.backward()
+            (ref_scaler.scale(part) if use_scaler else part).backward()
             ref_loss += part.detach()
         if delay:
             ref_loss = ref_loss / m
@@ -93,15 +101,29 @@ def run_pair(hcg, vpp, m, delay, via_fleet):
                     p.grad.set_value(p.grad.scale(1.0 / m))
         tag = f"pp={pp} vpp={vpp} M={m} step {step}"
         check(f"{tag} loss", loss.numpy(), ref_loss.numpy())
+        if use_scaler:
+            ref_scaler.unscale_(ref_opt)  # the pipeline side's grads were unscaled inside scaler.step
         for key, p in ref_params.items():
             check(f"{tag} grad of {key}", recorder.grads[key], None if p.grad is None else p.grad.numpy())
-        ref_opt.step()
+        if use_scaler:
+            ref_scaler.step(ref_opt)
+            ref_scaler.update()
+        else:
+            ref_opt.step()
         ref_opt.clear_grad()
     for key, p in ref_params.items():
         check(f"pp={pp} vpp={vpp} M={m} param {key} after {STEPS} steps", mine[key].numpy(), p.numpy())
+    ids, labels = batch(STEPS, m * MBS, SEQ, VOCAB)
+    eval_loss = engine.eval_batch([ids, labels], compute_loss=True)
+    with paddle.no_grad():
+        ref_eval = paddle.zeros([])
+        for mb in range(m):
+            part = ref(ids[mb * MBS:(mb + 1) * MBS], labels[mb * MBS:(mb + 1) * MBS])
+            ref_eval += part / m if m > 1 else part
+    check(f"pp={pp} vpp={vpp} M={m} eval_batch loss", eval_loss.numpy(), ref_eval.numpy())
     predicted = simulate(engine.schedule(m)).peak_in_flight[stage]
     assert engine.last_step.peak_in_flight <= predicted, (engine.last_step.peak_in_flight, predicted)
-    print(f"rank {stage}: pp={pp} vpp={vpp} M={m} delay_scale_loss={delay}: bitwise equal "
+    print(f"rank {stage}: pp={pp} vpp={vpp} M={m} delay_scale_loss={delay} scaler={use_scaler}: bitwise equal "
           f"(peak in flight {engine.last_step.peak_in_flight}, simulated {predicted})", flush=True)
 
 
@@ -109,6 +131,7 @@ def main():
     pp = int(sys.argv[1])
     pairs = [tuple(int(x) for x in item.split(":")) for item in sys.argv[2].split(",")]
     delay = len(sys.argv) > 3 and sys.argv[3] == "delay_scale"
+    use_scaler = len(sys.argv) > 3 and sys.argv[3] == "scaler"
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": pp,
                                "pp_configs": {"delay_scale_loss": delay}}
@@ -117,7 +140,7 @@ def main():
     fleet.init(is_collective=True, strategy=strategy)
     hcg = fleet.get_hybrid_communicate_group()
     for i, (vpp, m) in enumerate(pairs):
-        run_pair(hcg, vpp, m, delay, via_fleet=(i == 0))
+        run_pair(hcg, vpp, m, delay, via_fleet=(i == 0), use_scaler=use_scaler)
     print(f"rank {hcg.get_stage_id()}: all pairs passed", flush=True)
 
 
