@@ -175,9 +175,9 @@ class PipelineEngine(paddle.nn.Layer):
                 y = self._layers(x, chunk_id=chunk) if self.vpp > 1 else self._layers(x)
                 if not last:
                     self._p2p.send_activation(("eval", chunk if rank < pp - 1 else chunk + 1), y, (rank + 1) % pp)
-                elif compute_loss:
+                elif compute_loss:  # scaled as train_batch scales it, summed by _broadcast_loss
                     loss = loss_fn(y, batches.labels(mb))
-                    losses.append(loss / m if m > 1 else loss)
+                    losses.append(loss / m if m > 1 and not self.settings.delay_scale_loss else loss)
                 else:
                     outputs.append(y)
         if compute_loss:
