@@ -80,8 +80,10 @@ def install_requires() -> list[str]:
         return deps
     info, _ = paddle_info()  # fails here, early, when no Paddle is installed
     if info["version"].startswith("2."):
-        # Paddle 2.6's DistributedStrategy breaks with protobuf >= 5.
-        deps.append("protobuf>=3.20,<5")
+        # Paddle 2.6's DistributedStrategy breaks with protobuf >= 5, and with numpy 2
+        # a rank that raises inside a pipeline step segfaults (in zlib's inflateReset2)
+        # instead of reporting its error: both measured here with 2.6.2.
+        deps += ["protobuf>=3.20,<5", "numpy<2"]
     return deps
 
 

@@ -10,5 +10,8 @@ tar --exclude=./build --exclude='./.venv*' --exclude=./paddle_ext/lib --exclude=
     --exclude=./.git --exclude='*/__pycache__' -cf - . | tar -xf - -C "$work/src"
 echo "cpu-paddle-2.6.2: make test PADDLE=2.6.2 in $work/src"
 make -C "$work/src" test PADDLE=2.6.2 VENV="$PWD/$work/venv"
-# The install must have pinned protobuf below 5 for Paddle 2.6 by itself.
-"$work/venv/bin/python" -c "import google.protobuf as p; v = int(p.__version__.split('.')[0]); print('protobuf', p.__version__); assert v < 5"
+# The install must have pinned protobuf below 5 and numpy below 2 for Paddle 2.6 by itself.
+"$work/venv/bin/python" -c "
+import google.protobuf as p, numpy as n
+print('protobuf', p.__version__, 'numpy', n.__version__)
+assert int(p.__version__.split('.')[0]) < 5 and int(n.__version__.split('.')[0]) < 2"
