@@ -9,7 +9,7 @@ import pytest
 
 import paddle_ext
 from paddle_ext import compat
-from paddle_ext.patches import read_series, series
+from paddle_ext.patches import fused_rotary, read_series, series
 
 MISSING = object()
 
@@ -27,6 +27,7 @@ def patched_attributes():
     owners += [(module, "distributed_model") for module in compat.fleet_modules()]
     owners += [(compat.parallel_env_class(), "device_id")]
     owners += [(compat.distributed_strategy_class(), "hybrid_configs")]
+    owners += [(owner, "fused_rotary_position_embedding") for owner in fused_rotary.owners()]
     return {(id(o), name): vars(o).get(name, MISSING) for o, name in owners}
 
 
@@ -44,7 +45,7 @@ def statuses():
 
 def test_series_file_lists_every_unit_with_its_upstream_pr():
     names = read_series()
-    assert names == ["gloo_calc_stream", "c_embedding_check", "pipeline_engine"]
+    assert names == ["gloo_calc_stream", "c_embedding_check", "pipeline_engine", "fused_rotary"]
     for state in series().states:
         assert state.unit.upstream, state.unit.name
         assert all(isinstance(n, int) and n > 1000 for n in state.unit.upstream)

@@ -2,5 +2,7 @@
 
 from paddle_ext.ops._library import OpLibraryError, get_num_threads, set_num_threads
 from paddle_ext.ops.c_embedding import c_embedding
+from paddle_ext.ops.rotary import fused_rotary_position_embedding
 
-__all__ = ["OpLibraryError", "c_embedding", "get_num_threads", "set_num_threads"]
+__all__ = ["OpLibraryError", "c_embedding", "fused_rotary_position_embedding", "get_num_threads",
+           "set_num_threads"]

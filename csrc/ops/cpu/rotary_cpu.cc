@@ -1,0 +1,355 @@
+// CPU backend of the fused rotary position embedding (see rotary.h for the
+// semantics). One pass over the data: the threads split the tokens (b, s)
+// into contiguous ranges; for each token the coefficient rows (cos, and sin
+// with the pair's sign folded in) are built once and every head is rotated
+// from them. The inner loops are branch-free over head_dim so the
+// compiler vectorises them; on x86-64 they are also built for AVX2+FMA and
+// AVX-512 and picked at run time (PADDLE_EXT_ROTARY_ISA=default|avx2|avx512
+// forces one, for tests and benchmarks).
+//
+// Without sin/cos tables the angles p * base^(-2j/head_dim) are evaluated in
+// double once per (seq, head_dim, base) and kept in a small cache, so repeated
+// calls (every layer of every step) pay nothing for them.
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "common/half.h"
+#include "common/memory.h"
+#include "common/parallel.h"
+#include "rotary.h"
+
+namespace paddle_ext::rotary {
+namespace {
+
+// Storage and arithmetic types of each dtype.
+template <DType kType>
+struct Traits;
+
+template <>
+struct Traits<DType::kFloat32> {
+  using Storage = float;
+  using Compute = double;
+  static Compute load(Storage v) { return v; }
+  static Storage store(Compute v) { return static_cast<float>(v); }
+};
+
+template <>
+struct Traits<DType::kFloat64> {
+  using Storage = double;
+  using Compute = double;
+  static Compute load(Storage v) { return v; }
+  static Storage store(Compute v) { return v; }
+};
+
+// float16 <-> float without branches or loops, so the rotation loops stay
+// vectorisable; bit for bit the conversions of common/half.h (checked over
+// every float16 and every float32 input, with and without FMA contraction).
+// Normal numbers are rebiased by exponent arithmetic and a power-of-two
+// scaling; float16 subnormals go through a float with a magic exponent; on the
+// way down, adding a power of two chosen from the input's exponent makes the
+// float adder round the mantissa to float16 precision (nearest even).
+inline float fp16_to_float_branchless(uint16_t h) {
+  const uint32_t two_w = static_cast<uint32_t>(h) << 17;  // exponent and mantissa, sign dropped
+  const uint32_t sign = (static_cast<uint32_t>(h) & 0x8000u) << 16;
+  const float normal = bits_to_float((two_w >> 4) + (0xE0u << 23)) * 0x1.0p-112f;
+  const float subnormal = bits_to_float((two_w >> 17) | (126u << 23)) - 0.5f;
+  const uint32_t is_subnormal = 0u - static_cast<uint32_t>(two_w < (1u << 27));  // a mask, not a branch
+  return bits_to_float(sign | (float_to_bits(subnormal) & is_subnormal) | (float_to_bits(normal) & ~is_subnormal));
+}
+
+inline uint16_t float_to_fp16_branchless(float f) {
+  const uint32_t w = float_to_bits(f);
+  const uint32_t shl1_w = w + w;
+  const uint32_t sign = (w >> 16) & 0x8000u;
+  float base = (std::fabs(f) * 0x1.0p+112f) * 0x1.0p-110f;  // overflows to inf above float16's range
+  const uint32_t bias = std::max(shl1_w & 0xFF000000u, 0x71000000u);
+  base = bits_to_float((bias >> 1) + 0x07800000u) + base;
+  const uint32_t bits = float_to_bits(base);
+  const uint32_t magnitude = ((bits >> 13) & 0x7C00u) + (bits & 0x0FFFu);
+  const uint32_t is_nan = 0u - static_cast<uint32_t>(shl1_w > 0xFF000000u);  // NaN -> quiet NaN
+  return static_cast<uint16_t>(sign | (0x7E00u & is_nan) | (magnitude & ~is_nan));
+}
+
+template <>
+struct Traits<DType::kFloat16> {
+  using Storage = uint16_t;
+  using Compute = float;
+  static Compute load(Storage v) { return fp16_to_float_branchless(v); }
+  static Storage store(Compute v) { return float_to_fp16_branchless(v); }
+};
+
+template <>
+struct Traits<DType::kBFloat16> {
+  using Storage = uint16_t;
+  using Compute = float;
+  static Compute load(Storage v) { return bf16_to_float(v); }
+  static Storage store(Compute v) { return float_to_bf16(v); }
+};
+
+// ------------------------------------------------------------ computed angles
+
+// cos / sin of p * base^(-2j/head_dim) for p < rows, j < head_dim / 2.
+struct AngleTable {
+  int64_t rows = 0;
+  int64_t head_dim = 0;
+  double base = 0;
+  std::vector<double> cos, sin;  // [rows, head_dim / 2]
+};
+
+std::shared_ptr<const AngleTable> build_angles(int64_t rows, int64_t head_dim, double base) {
+  auto table = std::make_shared<AngleTable>();
+  table->rows = rows;
+  table->head_dim = head_dim;
+  table->base = base;
+  const int64_t half = head_dim / 2;
+  table->cos.resize(static_cast<size_t>(rows * half));
+  table->sin.resize(static_cast<size_t>(rows * half));
+  std::vector<double> inv_freq(static_cast<size_t>(half));
+  for (int64_t j = 0; j < half; ++j) {
+    inv_freq[j] = 1.0 / std::pow(base, static_cast<double>(2 * j) / static_cast<double>(head_dim));
+  }
+  AngleTable* t = table.get();
+  parallel_for(rows, std::max<int64_t>(1, 4096 / std::max<int64_t>(half, 1)), [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      for (int64_t j = 0; j < half; ++j) {
+        const double angle = static_cast<double>(r) * inv_freq[j];
+        t->cos[r * half + j] = std::cos(angle);
+        t->sin[r * half + j] = std::sin(angle);
+      }
+    }
+  });
+  return table;
+}
+
+// The last few tables, most recent first: a model uses one or two shapes.
+std::shared_ptr<const AngleTable> cached_angles(int64_t rows, int64_t head_dim, double base) {
+  static std::mutex mutex;
+  static std::list<std::shared_ptr<const AngleTable>> cache;
+  constexpr size_t kKeep = 4;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    for (auto it = cache.begin(); it != cache.end(); ++it) {
+      const AngleTable& t = **it;
+      if (t.rows == rows && t.head_dim == head_dim && t.base == base) {
+        auto hit = *it;
+        cache.erase(it);
+        cache.push_front(hit);
+        return hit;
+      }
+    }
+  }
+  auto table = build_angles(rows, head_dim, base);  // outside the lock: it is threaded
+  std::lock_guard<std::mutex> lock(mutex);
+  cache.push_front(table);
+  while (cache.size() > kKeep) cache.pop_back();
+  return table;
+}
+
+// ------------------------------------------------------------------- kernels
+
+int64_t partner(int64_t i, int64_t head_dim, bool adjacent) {
+  if (adjacent) return i ^ 1;
+  const int64_t half = head_dim / 2;
+  return i < half ? i + half : i - half;
+}
+
+// -1 for the first element of a pair, +1 for the second.
+int sigma(int64_t i, int64_t head_dim, bool adjacent) {
+  return (adjacent ? (i & 1) == 0 : i < head_dim / 2) ? -1 : 1;
+}
+
+// c[i] and ss[i] such that out[i] = x[i] * c[i] + x[partner(i)] * ss[i].
+template <class Tr>
+void token_coefficients(const Problem& p, int64_t pos, bool backward, const AngleTable* angles,
+                        typename Tr::Compute* c, typename Tr::Compute* s, typename Tr::Compute* ss) {
+  using C = typename Tr::Compute;
+  using S = typename Tr::Storage;
+  const int64_t d = p.head_dim;
+  if (angles != nullptr) {
+    const int64_t half = d / 2;
+    const double* crow = angles->cos.data() + pos * half;
+    const double* srow = angles->sin.data() + pos * half;
+    for (int64_t i = 0; i < d; ++i) {
+      c[i] = static_cast<C>(crow[i / 2]);
+      s[i] = static_cast<C>(srow[i / 2]);
+    }
+  } else {
+    const S* crow = static_cast<const S*>(p.cos) + pos * d;
+    const S* srow = static_cast<const S*>(p.sin) + pos * d;
+    for (int64_t i = 0; i < d; ++i) {
+      c[i] = Tr::load(crow[i]);
+      s[i] = Tr::load(srow[i]);
+    }
+  }
+  for (int64_t i = 0; i < d; ++i) {
+    const int sg = sigma(i, d, p.adjacent_pairs);
+    ss[i] = backward ? static_cast<C>(-sg) * s[partner(i, d, p.adjacent_pairs)] : static_cast<C>(sg) * s[i];
+  }
+}
+
+// Rotates `rows` consecutive rows of head_dim elements.
+template <class Tr, bool kAdjacent>
+__attribute__((always_inline)) inline void rotate_rows(const typename Tr::Storage* __restrict__ x,
+                                                       typename Tr::Storage* __restrict__ y, int64_t rows,
+                                                       int64_t d, const typename Tr::Compute* __restrict__ c,
+                                                       const typename Tr::Compute* __restrict__ ss) {
+  using C = typename Tr::Compute;
+  const int64_t half = d / 2;
+  for (int64_t r = 0; r < rows; ++r, x += d, y += d) {
+    if (kAdjacent) {
+      for (int64_t j = 0; j < d; j += 2) {
+        const C x0 = Tr::load(x[j]);
+        const C x1 = Tr::load(x[j + 1]);
+        y[j] = Tr::store(x0 * c[j] + x1 * ss[j]);
+        y[j + 1] = Tr::store(x1 * c[j + 1] + x0 * ss[j + 1]);
+      }
+    } else {
+      for (int64_t j = 0; j < half; ++j) {
+        const C x0 = Tr::load(x[j]);
+        const C x1 = Tr::load(x[j + half]);
+        y[j] = Tr::store(x0 * c[j] + x1 * ss[j]);
+        y[j + half] = Tr::store(x1 * c[j + half] + x0 * ss[j + half]);
+      }
+    }
+  }
+}
+
+// Tokens [begin, end) in memory order of every tensor.
+template <class Tr, bool kAdjacent>
+__attribute__((always_inline)) inline void process_tokens(const Problem& p, bool backward,
+                                                          const AngleTable* angles, int64_t begin,
+                                                          int64_t end) {
+  using C = typename Tr::Compute;
+  using S = typename Tr::Storage;
+  const int64_t d = p.head_dim;
+  std::vector<C> buffer(static_cast<size_t>(3 * d));
+  C* c = buffer.data();
+  C* s = c + d;
+  C* ss = s + d;
+  int64_t last_pos = -1;
+  for (int64_t t = begin; t < end; ++t) {
+    const int64_t b = p.time_major ? t % p.batch : t / p.seq;
+    const int64_t q = p.time_major ? t / p.batch : t % p.seq;
+    const int64_t pos = p.position_ids != nullptr ? p.position_ids[b * p.seq + q] : q;
+    if (pos != last_pos) {  // time-major without position ids: a run of equal positions
+      token_coefficients<Tr>(p, pos, backward, angles, c, s, ss);
+      last_pos = pos;
+    }
+    const int64_t row = t * p.heads * d;
+    rotate_rows<Tr, kAdjacent>(static_cast<const S*>(p.in) + row, static_cast<S*>(p.out) + row, p.heads, d, c,
+                               ss);
+  }
+}
+
+using RangeFn = void (*)(const Problem&, bool, const AngleTable*, int64_t, int64_t);
+
+template <class Tr, bool kAdjacent>
+void range_default(const Problem& p, bool backward, const AngleTable* angles, int64_t begin, int64_t end) {
+  process_tokens<Tr, kAdjacent>(p, backward, angles, begin, end);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define PADDLE_EXT_ROTARY_X86 1
+template <class Tr, bool kAdjacent>
+__attribute__((target("avx2,fma"))) void range_avx2(const Problem& p, bool backward, const AngleTable* angles,
+                                                    int64_t begin, int64_t end) {
+  process_tokens<Tr, kAdjacent>(p, backward, angles, begin, end);
+}
+
+template <class Tr, bool kAdjacent>
+__attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) void range_avx512(
+    const Problem& p, bool backward, const AngleTable* angles, int64_t begin, int64_t end) {
+  process_tokens<Tr, kAdjacent>(p, backward, angles, begin, end);
+}
+#endif
+
+enum class Isa { kDefault, kAvx2, kAvx512 };
+
+Isa pick_isa() {
+#if defined(PADDLE_EXT_ROTARY_X86)
+  __builtin_cpu_init();
+  const bool avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const bool avx512 = avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+                      __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");
+  // Read on every call (it is cheap next to the work) so tests can switch it.
+  if (const char* forced = std::getenv("PADDLE_EXT_ROTARY_ISA")) {
+    if (std::strcmp(forced, "default") == 0) return Isa::kDefault;
+    if (std::strcmp(forced, "avx2") == 0 && avx2) return Isa::kAvx2;
+    if (std::strcmp(forced, "avx512") == 0 && avx512) return Isa::kAvx512;
+  }
+  if (avx512) return Isa::kAvx512;
+  if (avx2) return Isa::kAvx2;
+#endif
+  return Isa::kDefault;
+}
+
+template <class Tr, bool kAdjacent>
+RangeFn range_fn(Isa isa) {
+#if defined(PADDLE_EXT_ROTARY_X86)
+  if (isa == Isa::kAvx512) return &range_avx512<Tr, kAdjacent>;
+  if (isa == Isa::kAvx2) return &range_avx2<Tr, kAdjacent>;
+#else
+  (void)isa;
+#endif
+  return &range_default<Tr, kAdjacent>;
+}
+
+template <class Tr>
+RangeFn range_fn(Isa isa, bool adjacent) {
+  return adjacent ? range_fn<Tr, true>(isa) : range_fn<Tr, false>(isa);
+}
+
+void run(const Problem& p, bool backward) {
+  const int64_t tokens = p.batch * p.seq;
+  if (tokens <= 0 || p.heads <= 0 || p.head_dim <= 0) return;
+  std::shared_ptr<const AngleTable> angles;
+  if (p.sin == nullptr || p.cos == nullptr) angles = cached_angles(p.seq, p.head_dim, p.base);
+
+  const Isa isa = pick_isa();
+  RangeFn fn = nullptr;
+  switch (p.dtype) {
+    case DType::kFloat32:
+      fn = range_fn<Traits<DType::kFloat32>>(isa, p.adjacent_pairs);
+      break;
+    case DType::kFloat64:
+      fn = range_fn<Traits<DType::kFloat64>>(isa, p.adjacent_pairs);
+      break;
+    case DType::kFloat16:
+      fn = range_fn<Traits<DType::kFloat16>>(isa, p.adjacent_pairs);
+      break;
+    case DType::kBFloat16:
+      fn = range_fn<Traits<DType::kBFloat16>>(isa, p.adjacent_pairs);
+      break;
+  }
+
+  const int64_t per_token = p.heads * p.head_dim;
+  advise_huge_pages(p.out, static_cast<std::size_t>(tokens * per_token * dtype_bytes(p.dtype)));
+  // At least ~32k elements per task: smaller problems stay on one thread.
+  const int64_t grain = std::max<int64_t>(1, 32768 / std::max<int64_t>(per_token, 1));
+  const AngleTable* table = angles.get();
+  parallel_for(tokens, grain, [&](int64_t begin, int64_t end) { fn(p, backward, table, begin, end); });
+}
+
+}  // namespace
+
+void forward_cpu(const Problem& p) { run(p, false); }
+
+void backward_cpu(const Problem& p) { run(p, true); }
+
+BadPosition find_bad_position_cpu(const int64_t* ids, int64_t n, int64_t rows) {
+  bool bad = false;  // branch-free scan first: the common case is all in range
+  for (int64_t i = 0; i < n; ++i) bad |= (ids[i] < 0) | (ids[i] >= rows);
+  if (!bad) return {};
+  for (int64_t i = 0; i < n; ++i) {
+    if (ids[i] < 0 || ids[i] >= rows) return {i, ids[i]};
+  }
+  return {};
+}
+
+}  // namespace paddle_ext::rotary

@@ -1,0 +1,196 @@
+"""Fused rotary position embedding (upstream #54351, rotate-half #56401,
+time-major #61417), with Paddle 3.3.1's signature and semantics, on every
+device: stock Paddle has no CPU kernel in any release, and 2.6.2's function
+lacks time_major and rotary_emb_base.
+
+For the token (b, s) at position p = position_ids[b, s] (or s), with the rows
+cos = cos[p, :] and sin = sin[p, :] covering the whole head_dim:
+
+    out[i] = x[i] * cos[i] + sign(i) * x[partner(i)] * sin[i]
+
+use_neox_rotary_style=True pairs ADJACENT elements (0, 1), (2, 3), ...;
+False pairs the two halves, i with i + head_dim / 2 (rotate_half); sign is -1
+for the first element of a pair, +1 for the second. Without sin and cos the
+angles are p * rotary_emb_base ** (-2 * (i // 2) / head_dim). The backward
+pass applies the transposed rotation to the output grads; sin, cos and
+position_ids get no gradient (as in Paddle).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+import numpy as np
+
+from paddle_ext.ops import _library
+from paddle_ext.ops._checks import dtype_name, require_dtype, require_tensor
+
+FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
+POSITION_DTYPES = ("int64", "int32")
+_BAD_POSITION = re.compile(r"paddle_ext\.rotary: position id (-?\d+) at index (\d+) of position_ids")
+
+
+def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, position_ids=None,
+                                    use_neox_rotary_style=True, time_major=False, rotary_emb_base=10000.0):
+    """Rotates q (and k, v when given) by their positions; see the module doc.
+
+    Args:
+        q: [batch, seq_len, num_heads, head_dim] (or [seq_len, batch, ...] with
+            time_major=True), float32, float16, bfloat16 or float64; head_dim even.
+        k, v: optional, like q with the same batch, seq_len, head_dim and dtype;
+            num_heads may differ (grouped-query attention). v is rotated too.
+        sin, cos: optional, together, q's dtype, [rows, head_dim] or
+            [1, rows, 1, head_dim]; rows = seq_len, or >= seq_len with
+            position_ids. Without them the angles come from rotary_emb_base
+            (then use_neox_rotary_style must be True and position_ids None,
+            as in Paddle).
+        position_ids: optional [batch, seq_len] int64 (int32 is accepted), each
+            in [0, rows).
+        use_neox_rotary_style: True rotates adjacent pairs, False the halves.
+        time_major: whether the first dimension of q, k, v is seq_len.
+        rotary_emb_base: base of the computed angles (> 0).
+
+    Returns:
+        (out_q, out_k, out_v), each of its input's shape and dtype, None for an
+        input not given. Float16 and bfloat16 are computed in float32; float32
+        in float64, so its result is the correctly rounded one.
+
+    Raises:
+        TypeError / ValueError naming the argument for bad arguments;
+        IndexError naming position_ids[b, s] for a position outside the tables.
+    """
+    _check_flag("use_neox_rotary_style", use_neox_rotary_style)
+    _check_flag("time_major", time_major)
+    base = _check_base(rotary_emb_base)
+    require_tensor("q", q)
+    require_dtype("q", q, FLOAT_DTYPES)
+    _require_4d("q", q, time_major)
+    q_shape = list(q.shape)
+    head_dim = q_shape[3]
+    if head_dim % 2:
+        raise ValueError(f"q: head_dim (the last dimension) must be even, got {head_dim} in shape {q_shape}")
+    batch, seq = (q_shape[1], q_shape[0]) if time_major else (q_shape[0], q_shape[1])
+    for name, t in (("k", k), ("v", v)):
+        if t is not None:
+            _check_like_q(name, t, q, time_major)
+
+    if (sin is None) != (cos is None):
+        given, missing = ("sin", "cos") if cos is None else ("cos", "sin")
+        raise ValueError(f"sin and cos must be given together: got {given} but {missing}=None")
+    if sin is None:
+        if position_ids is not None:
+            raise ValueError("position_ids needs sin and cos: Paddle computes the angles from "
+                             "rotary_emb_base only for positions 0..seq_len-1")
+        if not use_neox_rotary_style:
+            raise ValueError("use_neox_rotary_style=False (rotate_half) needs sin and cos: Paddle "
+                             "computes angles from rotary_emb_base only for adjacent pairs")
+    else:
+        rows = _check_table("sin", sin, q, head_dim)
+        cos_rows = _check_table("cos", cos, q, head_dim)
+        if list(sin.shape) != list(cos.shape):
+            raise ValueError(f"sin and cos must have the same shape, got sin {list(sin.shape)} and "
+                             f"cos {list(cos.shape)}")
+        del cos_rows
+        if position_ids is None and rows != seq:
+            raise ValueError(f"sin and cos must have seq_len = {seq} rows without position_ids, got shape "
+                             f"{list(sin.shape)}")
+        if position_ids is not None and rows < seq:
+            raise ValueError(f"sin and cos must have at least seq_len = {seq} rows (Paddle requires it with "
+                             f"position_ids), got shape {list(sin.shape)}")
+    if position_ids is not None:
+        require_tensor("position_ids", position_ids)
+        require_dtype("position_ids", position_ids, POSITION_DTYPES)
+        if list(position_ids.shape) != [batch, seq]:
+            raise ValueError(f"position_ids must be [batch, seq_len] = {[batch, seq]}, got shape "
+                             f"{list(position_ids.shape)}")
+        _require_same_place("position_ids", position_ids, q)
+        if dtype_name(position_ids) != "int64":
+            position_ids = position_ids.astype("int64")
+
+    tables = [None if t is None else _contiguous(t) for t in (sin, cos, position_ids)]
+    attrs = (bool(use_neox_rotary_style), bool(time_major), base)
+    outs = []
+    for t in (q, k, v):
+        if t is None:
+            outs.append(None)
+            continue
+        if 0 in t.shape:  # nothing to rotate (and 2.6's custom-op runner refuses empty outputs)
+            import paddle
+
+            outs.append(paddle.zeros_like(t))
+            continue
+        # The position ids are checked once, with the first tensor.
+        check = position_ids is not None and all(o is None for o in outs)
+        try:
+            (out,) = _library.run("pe_rotary", _contiguous(t), *tables, *attrs, check)
+        except Exception as err:  # the kernel's PD_CHECK arrives as OSError (3.x) or another type
+            match = _BAD_POSITION.search(str(err))
+            if match is None:
+                raise
+            value, flat = int(match.group(1)), int(match.group(2))
+            where = [int(j) for j in np.unravel_index(flat, (batch, seq))]
+            rows = int(sin.shape[0] if sin.ndim == 2 else sin.shape[1])
+            raise IndexError(
+                f"position_ids{where} = {value} is out of range: position ids must lie in [0, rows) = "
+                f"[0, {rows}), the rows of sin and cos") from None
+        outs.append(out)
+    return tuple(outs)
+
+
+def _check_flag(name, value):
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+
+
+def _check_base(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"rotary_emb_base must be a number, got {type(value).__name__} {value!r}")
+    base = float(value)
+    if not (math.isfinite(base) and base > 0):
+        raise ValueError(f"rotary_emb_base must be a finite number > 0, got {value!r}")
+    return base
+
+
+def _require_4d(name, t, time_major):
+    if t.ndim != 4:
+        layout = "[seq_len, batch, num_heads, head_dim]" if time_major else "[batch, seq_len, num_heads, head_dim]"
+        raise ValueError(f"{name} must be 4-D {layout}, got shape {list(t.shape)}")
+
+
+def _require_same_place(name, t, q):
+    if str(t.place) != str(q.place):
+        raise ValueError(f"{name} must be on q's device {q.place}, got {t.place}")
+
+
+def _check_like_q(name, t, q, time_major):
+    require_tensor(name, t)
+    _require_4d(name, t, time_major)
+    if dtype_name(t) != dtype_name(q):
+        raise TypeError(f"{name} must have q's dtype {dtype_name(q)}, got {dtype_name(t)}")
+    shape, q_shape = list(t.shape), list(q.shape)
+    if shape[0] != q_shape[0] or shape[1] != q_shape[1] or shape[3] != q_shape[3]:
+        raise ValueError(f"{name} must match q in batch, seq_len and head_dim (num_heads may differ): "
+                         f"q is {q_shape}, {name} is {shape}")
+    _require_same_place(name, t, q)
+
+
+def _check_table(name, t, q, head_dim):
+    """Returns the table's rows."""
+    require_tensor(name, t)
+    if dtype_name(t) != dtype_name(q):
+        raise TypeError(f"{name} must have q's dtype {dtype_name(q)}, got {dtype_name(t)}")
+    shape = list(t.shape)
+    if len(shape) == 2 and shape[1] == head_dim:
+        rows = shape[0]
+    elif len(shape) == 4 and shape[0] == 1 and shape[2] == 1 and shape[3] == head_dim:
+        rows = shape[1]
+    else:
+        raise ValueError(f"{name} must be [seq_len, head_dim] or [1, seq_len, 1, head_dim] with head_dim = "
+                         f"{head_dim} (q's last dimension), got shape {shape}")
+    _require_same_place(name, t, q)
+    return rows
+
+
+def _contiguous(t):
+    return t if t.is_contiguous() else t.contiguous()

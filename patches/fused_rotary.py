@@ -1,0 +1,97 @@
+"""part-1 cherry from: Add fused_rope forward op (#54351), with its follow-ups
+rotate_half (#56401) and time_major (#61417).
+
+Upstream added paddle.incubate.nn.functional.fused_rotary_position_embedding
+with GPU (and later XPU) kernels only: on CPU every release fails with "kernel
+fused_rotary_position_embedding is not registered", and 2.6.2's function lacks
+the 3.x arguments time_major and rotary_emb_base. This unit points Paddle's
+function name at paddle_ext.ops.fused_rotary_position_embedding (CPU, CUDA and
+HIP kernels, 3.3.1's signature and semantics) in dynamic mode; static-graph
+programs keep Paddle's own op.
+
+Code that imported the function before enable() (`from
+paddle.incubate.nn.functional import fused_rotary_position_embedding`) keeps
+the object it imported.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import sys
+
+from paddle_ext import compat
+from paddle_ext.ops import _library
+from paddle_ext.ops.rotary import fused_rotary_position_embedding
+from paddle_ext.patches._unit import Patcher, PatchUnit
+
+PACKAGE = "paddle.incubate.nn.functional"
+MODULE = PACKAGE + ".fused_rotary_position_embedding"
+NAME = "fused_rotary_position_embedding"
+
+
+def owners() -> list:
+    """The package (what users call) and the module that defines the function;
+    the package attribute of the same name is the function, not the module."""
+    package = importlib.import_module(PACKAGE)
+    importlib.import_module(MODULE)
+    return [package, sys.modules[MODULE]]
+
+
+def _with_3x_signature(original):
+    @functools.wraps(original)
+    def fused_rotary_position_embedding_3x(q, k=None, v=None, sin=None, cos=None, position_ids=None,
+                                           use_neox_rotary_style=True, time_major=False,
+                                           rotary_emb_base=10000.0):
+        if compat.in_dynamic_mode():
+            return fused_rotary_position_embedding(
+                q, k, v, sin=sin, cos=cos, position_ids=position_ids,
+                use_neox_rotary_style=use_neox_rotary_style, time_major=time_major,
+                rotary_emb_base=rotary_emb_base)
+        # Static graphs: Paddle's op. The 3.x arguments are passed only when
+        # set, so a release without them fails only for a program that uses them.
+        extra = {}
+        if time_major:
+            extra["time_major"] = time_major
+        if rotary_emb_base != 10000.0:
+            extra["rotary_emb_base"] = rotary_emb_base
+        return original(q, k, v, sin, cos, position_ids, use_neox_rotary_style, **extra)
+
+    fused_rotary_position_embedding_3x.__paddle_ext_unit__ = "fused_rotary"
+    return fused_rotary_position_embedding_3x
+
+
+def _apply(patcher: Patcher) -> None:
+    targets = owners()
+    # One wrapper for both names, around the object the package exports.
+    wrapper = _with_3x_signature(getattr(targets[0], NAME))
+    for owner in targets:
+        patcher.swap(owner, NAME, wrapper)
+
+
+def _verify() -> bool:
+    return all(getattr(getattr(owner, NAME), "__paddle_ext_unit__", None) == "fused_rotary"
+               for owner in owners())
+
+
+def _unavailable() -> str | None:
+    try:
+        owners()
+    except ImportError as err:
+        return f"this Paddle has no {MODULE} ({err})"
+    try:
+        _library.load()
+    except _library.OpLibraryError as err:
+        return str(err)
+    return None
+
+
+UNIT = PatchUnit(
+    name="fused_rotary",
+    upstream=(54351, 56401, 61417),
+    title="Add fused_rope forward op, rotate_half and time_major",
+    summary="fused_rotary_position_embedding runs on CPU, and with the 3.x signature on 2.6.2",
+    apply=_apply,
+    verify=_verify,
+    unavailable=_unavailable,
+)
