@@ -12,6 +12,7 @@ backend                PADDLE_EXT_PINNED_BACKEND             (auto: cuda, hip, x
 alignment              PADDLE_EXT_PINNED_ALIGNMENT           64 KiB fixed upstream
 chunk_size             PADDLE_EXT_PINNED_CHUNK_SIZE          FLAGS_auto_growth_chunk_size_in_mb
 max_cached_bytes       PADDLE_EXT_PINNED_MAX_CACHED_BYTES    (none)
+trim_on_growth         PADDLE_EXT_PINNED_TRIM_ON_GROWTH      (bounded FLAGS_free_when_no_cache_hit)
 mlock                  PADDLE_EXT_PINNED_MLOCK               (posix only: try / require / off)
 auto_growth            PADDLE_EXT_PINNED_AUTO_GROWTH         FLAGS_use_auto_growth_pinned_allocator
 fill_value             PADDLE_EXT_ALLOC_FILL_VALUE           FLAGS_alloc_fill_value
@@ -22,7 +23,10 @@ free_idle_chunk        PADDLE_EXT_FREE_IDLE_CHUNK            FLAGS_free_idle_chu
 
 Sizes take an int or a string with a unit: "2MiB", "512KiB", "1GiB", "4096".
 auto_growth=False is upstream's non-caching pinned allocator: every block is
-its own backend allocation and goes back on free.
+its own backend allocation and goes back on free. trim_on_growth (on by
+default) gives idle chunks back before a growth that would lift the pool's
+reserved bytes above their peak, which keeps variable-size workloads from
+piling up exact-size chunks (see docs/runtime.md).
 """
 
 from __future__ import annotations
@@ -70,6 +74,7 @@ class RuntimeConfig:
     alignment: int = 256
     chunk_size: int = 2 << 20
     max_cached_bytes: int | None = None
+    trim_on_growth: bool = True
     mlock: str = "try"
     auto_growth: bool = True
     flags: DebugFlags = field(default_factory=DebugFlags)
@@ -86,8 +91,9 @@ class RuntimeConfig:
             _check_int("max_cached_bytes", self.max_cached_bytes, 0, (1 << 63) - 1)
         if self.mlock not in MLOCK_MODES:
             raise ValueError(f"mlock must be one of {list(MLOCK_MODES)}, got {self.mlock!r}")
-        if not isinstance(self.auto_growth, bool):
-            raise TypeError(f"auto_growth must be True or False, got {self.auto_growth!r}")
+        for name in ("auto_growth", "trim_on_growth"):
+            if not isinstance(getattr(self, name), bool):
+                raise TypeError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if not isinstance(self.flags, DebugFlags):
             raise TypeError(f"flags must be a DebugFlags, got {type(self.flags).__name__}")
 
@@ -107,6 +113,7 @@ ENV = {
     "alignment": "PADDLE_EXT_PINNED_ALIGNMENT",
     "chunk_size": "PADDLE_EXT_PINNED_CHUNK_SIZE",
     "max_cached_bytes": "PADDLE_EXT_PINNED_MAX_CACHED_BYTES",
+    "trim_on_growth": "PADDLE_EXT_PINNED_TRIM_ON_GROWTH",
     "mlock": "PADDLE_EXT_PINNED_MLOCK",
     "auto_growth": "PADDLE_EXT_PINNED_AUTO_GROWTH",
     "fill_value": "PADDLE_EXT_ALLOC_FILL_VALUE",
@@ -115,7 +122,7 @@ ENV = {
     "free_idle_chunk": "PADDLE_EXT_FREE_IDLE_CHUNK",
 }
 _SIZE_KEYS = ("alignment", "chunk_size", "max_cached_bytes")
-_BOOL_KEYS = ("auto_growth", "sync_after_alloc", "dump_chunks", "free_idle_chunk")
+_BOOL_KEYS = ("auto_growth", "trim_on_growth", "sync_after_alloc", "dump_chunks", "free_idle_chunk")
 
 
 def _check_int(name: str, value: Any, low: int, high: int) -> None:

@@ -95,8 +95,8 @@ class PinnedPool:
 
     def __init__(self, backend: str | Any = None, *, config: RuntimeConfig | None = None,
                  alignment: int | None = None, chunk_size: int | None = None,
-                 max_cached_bytes: int | None = None, mlock: str | None = None,
-                 flags: DebugFlags | None = None) -> None:
+                 max_cached_bytes: int | None = None, trim_on_growth: bool | None = None,
+                 mlock: str | None = None, flags: DebugFlags | None = None) -> None:
         """backend: 'auto', 'posix', 'cuda', 'hip', 'xpu', 'fake', or a backend object
         (paddle_ext.runtime.FakeBackend / PosixBackend); None takes config.backend.
         config: defaults to paddle_ext.runtime.config.from_source() (environment).
@@ -104,7 +104,8 @@ class PinnedPool:
         C = native()
         cfg = config if config is not None else config_module.from_source()
         overrides = {k: v for k, v in (("alignment", alignment), ("chunk_size", chunk_size),
-                                       ("max_cached_bytes", max_cached_bytes), ("mlock", mlock),
+                                       ("max_cached_bytes", max_cached_bytes),
+                                       ("trim_on_growth", trim_on_growth), ("mlock", mlock),
                                        ("flags", flags)) if v is not None}
         if isinstance(backend, str):
             overrides["backend"] = backend
@@ -122,7 +123,8 @@ class PinnedPool:
                             f"got {type(backend).__name__}")
         self._native = C.HostAllocator(
             backend, alignment=run.alignment, chunk_size=run.chunk_size,
-            max_cached_bytes=run.max_cached_bytes, fill_value=run.flags.fill_value,
+            max_cached_bytes=run.max_cached_bytes, trim_on_growth=run.trim_on_growth,
+            fill_value=run.flags.fill_value,
             sync_after_alloc=run.flags.sync_after_alloc, dump_chunks=run.flags.dump_chunks,
             free_idle_chunk=run.flags.free_idle_chunk)
         self.backend_object = backend

@@ -35,6 +35,7 @@ class PoolStats:
     backend_free_ns: int
     oom_retries: int          # out-of-memory -> idle chunks released -> retried
     idle_chunks_released: int
+    trims: int                # growths that first gave idle chunks back (trim_on_growth)
     events_recorded: int
     events_completed: int
     syncs: int

@@ -161,7 +161,8 @@ def test_reserved_bytes_under_the_cached_bytes_cap(make_pool, cap, reserved_afte
 
 
 def test_out_of_memory_frees_idle_chunks_and_retries(make_pool):
-    pool, backend = make_pool(capacity=4 * MiB, chunk_size=1 * MiB)
+    # Trimming would give the idle chunks back before the growth: off, to reach the retry.
+    pool, backend = make_pool(capacity=4 * MiB, chunk_size=1 * MiB, trim_on_growth=False)
     live = pool.allocate(1 * MiB)
     for p in [pool.allocate(1 * MiB) for _ in range(2)]:
         pool.free(p)  # two idle cached chunks
@@ -174,6 +175,34 @@ def test_out_of_memory_frees_idle_chunks_and_retries(make_pool):
     pool.free(live)
 
 
+def test_trim_on_growth_gives_idle_chunks_back_before_raising_the_peak(make_pool):
+    pool, backend = make_pool(chunk_size=1 * MiB)
+    a = pool.allocate(1 * MiB)
+    pool.free(pool.allocate(2 * MiB))  # an idle 2 MiB chunk; peak reserved 3 MiB
+    c = pool.allocate(3 * MiB)  # fits no idle chunk; 3 + 3 > 3: the idle chunk goes first
+    s = pool.stats()
+    assert (s["reserved_bytes"], s["peak_reserved_bytes"], s["trims"], s["idle_chunks_released"]) == \
+        (4 * MiB, 4 * MiB, 1, 1)
+    assert backend.used == 4 * MiB and s["oom_retries"] == 0
+    pool.free(c)
+    pool.empty_cache()
+    c = pool.allocate(3 * MiB)  # back under the peak: nothing to trim
+    assert pool.stats()["trims"] == 1
+    pool.free(a)
+    pool.free(c)
+
+
+def test_without_trim_the_idle_chunk_stays(make_pool):
+    pool, backend = make_pool(chunk_size=1 * MiB, trim_on_growth=False)
+    a = pool.allocate(1 * MiB)
+    pool.free(pool.allocate(2 * MiB))
+    c = pool.allocate(3 * MiB)
+    assert pool.stats()["reserved_bytes"] == 6 * MiB == backend.used and pool.stats()["trims"] == 0
+    assert pool.options()["trim_on_growth"] is False
+    pool.free(a)
+    pool.free(c)
+
+
 def test_out_of_memory_retries_with_the_bare_request_after_the_chunk(make_pool):
     pool, backend = make_pool(capacity=3 * MiB, chunk_size=4 * MiB)
     p = pool.allocate(2 * MiB)  # the 4 MiB chunk fails twice, the 2 MiB request fits
@@ -183,7 +212,7 @@ def test_out_of_memory_retries_with_the_bare_request_after_the_chunk(make_pool):
 
 
 def test_out_of_memory_error_carries_code_name_and_the_pools_account(make_pool):
-    pool, _ = make_pool(capacity=1 * MiB, chunk_size=1 * MiB)
+    pool, _ = make_pool(capacity=1 * MiB, chunk_size=1 * MiB, trim_on_growth=False)
     keep = pool.allocate(512 * KiB)
     with pytest.raises(C.OutOfMemoryError) as err:
         pool.allocate(2 * MiB)
@@ -227,8 +256,8 @@ def test_request_bounds(make_pool):
 def test_backend_is_not_called_under_the_lock(make_pool):
     """A slow growth (like mlock or cudaHostAlloc) must not stall cache hits of other threads."""
     pool, backend = make_pool(chunk_size=1 * MiB)
-    cached = pool.allocate(1 * KiB)
-    pool.free(cached)
+    guard = pool.allocate(1 * KiB)  # keeps the first chunk busy, so no growth trims it
+    pool.free(pool.allocate(1 * KiB))
     backend.set_delay(0.6)
     grower = threading.Thread(target=lambda: pool.free(pool.allocate(4 * MiB)))
     grower.start()
@@ -238,6 +267,7 @@ def test_backend_is_not_called_under_the_lock(make_pool):
         pool.free(pool.allocate(1 * KiB))
     hits = time.perf_counter() - start
     grower.join()
+    pool.free(guard)
     assert hits < 0.3, f"100 cache hits took {hits:.3f} s while another thread grew the pool"
     assert pool.stats()["backend_alloc_ns"] >= 0.5e9
 

@@ -1,7 +1,8 @@
 """Randomized, model-based test of the allocator against a plain Python model of
 the same policy (best fit by (size, address), split at the low end, merge with
-free neighbours, growth by max(request, chunk size), optional release of idle
-chunks). After every operation the pool's whole block layout, the pointer it
+free neighbours, growth by max(request, chunk size), idle chunks trimmed before
+a growth that would pass the reserved peak, optional release of idle chunks).
+After every operation the pool's whole block layout, the pointer it
 returned and its byte counts must equal the model's. Fixed seeds."""
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ def round_up(n: int, to: int) -> int:
 class Model:
     """Chunks as address-ordered lists of [ptr, size, state]."""
 
-    def __init__(self, alignment: int, chunk_size: int, granularity: int, free_idle_chunk: bool) -> None:
+    def __init__(self, alignment: int, chunk_size: int, granularity: int, free_idle_chunk: bool,
+                 trim_on_growth: bool) -> None:
         self.alignment, self.chunk_size, self.granularity = alignment, chunk_size, granularity
-        self.free_idle_chunk = free_idle_chunk
+        self.free_idle_chunk, self.trim_on_growth = free_idle_chunk, trim_on_growth
+        self.peak = 0
         self.chunks: dict[int, list[list]] = {}
         self.raw: dict[int, int] = {}
 
@@ -35,12 +38,15 @@ class Model:
         need = round_up(max(nbytes, 1), self.alignment)
         fit = self.best_fit(need)
         if fit is None:  # growth: the new chunk's address comes from the backend
+            raw = round_up(max(need, self.chunk_size), self.granularity)
+            if self.trim_on_growth:
+                self.trim(sum(self.raw.values()) + raw - self.peak)
             new = [cid for cid in observed_chunks if cid not in self.chunks]
             assert len(new) == 1, "the pool grew while a free block fitted, or did not grow"
             cid = new[0]
-            raw = round_up(max(need, self.chunk_size), self.granularity)
             self.chunks[cid] = [[observed_chunks[cid], raw, "free"]]
             self.raw[cid] = raw
+            self.peak = max(self.peak, sum(self.raw.values()))
             fit = (raw, observed_chunks[cid], cid, 0)
         size, ptr, cid, i = fit
         blocks = self.chunks[cid]
@@ -63,6 +69,17 @@ class Model:
                     return
         raise AssertionError(f"model: free of unknown {ptr:#x}")
 
+    def trim(self, excess: int) -> None:
+        """Idle chunks go, largest first (lowest address among equals), until `excess` bytes went."""
+        idle = sorted((-self.raw[c], blocks[0][0], c) for c, blocks in self.chunks.items()
+                      if len(blocks) == 1 and blocks[0][2] == "free")
+        taken = 0
+        for neg_size, _, cid in idle:
+            if taken >= excess:
+                break
+            taken -= neg_size
+            del self.chunks[cid], self.raw[cid]
+
     def empty_cache(self) -> None:
         for cid in [c for c, blocks in self.chunks.items() if len(blocks) == 1 and blocks[0][2] == "free"]:
             del self.chunks[cid], self.raw[cid]
@@ -79,18 +96,20 @@ def observed_chunk_starts(pool) -> dict[int, int]:
     return starts
 
 
-@pytest.mark.parametrize("seed, alignment, chunk_size, free_idle_chunk", [
-    (1, 256, 256 * KiB, False),
-    (2, 256, 256 * KiB, True),
-    (3, 16, 64 * KiB, False),
-    (4, 4096, 1 * MiB, False),
-    (5, 512, 0, False),
+@pytest.mark.parametrize("seed, alignment, chunk_size, free_idle_chunk, trim_on_growth", [
+    (1, 256, 256 * KiB, False, True),
+    (2, 256, 256 * KiB, True, True),
+    (3, 16, 64 * KiB, False, True),
+    (4, 4096, 1 * MiB, False, True),
+    (5, 512, 0, False, True),
+    (6, 256, 256 * KiB, False, False),
+    (7, 256, 0, False, False),
 ])
-def test_pool_matches_the_reference_model(make_pool, seed, alignment, chunk_size, free_idle_chunk):
+def test_pool_matches_the_reference_model(make_pool, seed, alignment, chunk_size, free_idle_chunk, trim_on_growth):
     rng = random.Random(seed)
     pool, backend = make_pool(alignment=alignment, chunk_size=chunk_size, free_idle_chunk=free_idle_chunk,
-                              granularity=4096)
-    model = Model(alignment, chunk_size, 4096, free_idle_chunk)
+                              trim_on_growth=trim_on_growth, granularity=4096)
+    model = Model(alignment, chunk_size, 4096, free_idle_chunk, trim_on_growth)
     live: dict[int, int] = {}
     for step in range(1500):
         action = rng.random()

@@ -149,9 +149,10 @@ def test_config_from_the_paddle_ext_section_and_the_environment():
     env = {"PADDLE_EXT_PINNED_CHUNK_SIZE": "64KiB", "PADDLE_EXT_ALLOC_FILL_VALUE": "0x5a",
            "PADDLE_EXT_SYNC_AFTER_ALLOC": "on", "PADDLE_EXT_ALLOC_DUMP_CHUNKS": "1",
            "PADDLE_EXT_PINNED_MAX_CACHED_BYTES": "1GiB", "PADDLE_EXT_PINNED_MLOCK": "require",
-           "PADDLE_EXT_PINNED_AUTO_GROWTH": "false"}
+           "PADDLE_EXT_PINNED_AUTO_GROWTH": "false", "PADDLE_EXT_PINNED_TRIM_ON_GROWTH": "no"}
     cfg = from_source(source, environ=env)  # the environment wins
     assert (cfg.chunk_size, cfg.max_cached_bytes, cfg.mlock, cfg.auto_growth) == (64 * KiB, 1 << 30, "require", False)
+    assert cfg.trim_on_growth is False
     assert cfg.flags == DebugFlags(fill_value=0x5A, sync_after_alloc=True, dump_chunks=True, free_idle_chunk=True)
     assert from_source({"runtime": {"alignment": 64}}, environ={}).alignment == 64
     assert from_source({"alignment": 64}, environ={}).alignment == 64

@@ -136,6 +136,19 @@ void* AutoGrowthAllocator::backend_allocate(std::size_t raw_size) {
 
 void* AutoGrowthAllocator::grow(std::size_t size, std::size_t requested, const DebugFlags& flags) {
   std::size_t raw = raw_size_for(std::max(size, options_.chunk_size));
+  if (options_.trim_on_growth) {
+    // None of the idle chunks could serve this request (best fit failed), so
+    // growing past the peak would only add to memory nobody uses now.
+    std::vector<ReleasedChunk> trimmed;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      const auto peak = static_cast<std::size_t>(stats_.peak_reserved_bytes);
+      if (index_.reserved() + raw > peak) trimmed = index_.remove_idle(index_.reserved() + raw - peak);
+      stats_.idle_chunks_released += static_cast<std::int64_t>(trimmed.size());
+      stats_.trims += trimmed.empty() ? 0 : 1;
+    }
+    release(trimmed);
+  }
   void* mem = nullptr;
   std::optional<OutOfMemory> last;
   const auto attempt = [&](std::size_t bytes) {

@@ -4,7 +4,9 @@
 //    merged with free neighbours on free, never across chunks;
 //  - growth by max(request, chunk_size); on out-of-memory, idle chunks go
 //    back to the backend and the growth is retried (then with the bare
-//    request); empty_cache() and the max_cached_bytes cap release idle chunks;
+//    request); empty_cache() and the max_cached_bytes cap release idle chunks,
+//    and so does a growth that would lift reserved bytes above their peak
+//    (trim_on_growth, see options.h);
 //  - stream-ordered reuse: record_event(ptr, stream) marks a block as read by
 //    a stream; once freed, it returns to the index only after those events
 //    complete, polled on allocate and on empty_cache;

@@ -115,7 +115,8 @@ std::vector<ReleasedChunk> ChunkIndex::remove_idle(std::size_t bytes) {
   std::vector<Chunk*> idle_chunks;
   for (auto& [start, c] : chunks_)
     if (idle(c)) idle_chunks.push_back(c);
-  std::sort(idle_chunks.begin(), idle_chunks.end(),
+  // Stable: among equal sizes the lower address goes first (chunks_ is address-ordered).
+  std::stable_sort(idle_chunks.begin(), idle_chunks.end(),
             [](const Chunk* a, const Chunk* b) { return a->raw_size > b->raw_size; });
   std::vector<ReleasedChunk> out;
   std::size_t taken = 0;

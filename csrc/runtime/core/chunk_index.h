@@ -72,8 +72,8 @@ class ChunkIndex {
   static bool idle(const Chunk* chunk);
   // Removes an idle chunk (its single free block included).
   ReleasedChunk remove(Chunk* chunk);
-  // Removes idle chunks, largest first, until at least `bytes` of reserved
-  // memory were taken out or none are left.
+  // Removes idle chunks, largest first (lowest address among equals), until
+  // at least `bytes` of reserved memory were taken out or none are left.
   std::vector<ReleasedChunk> remove_idle(std::size_t bytes);
   // Removes every chunk, whatever its blocks hold (the allocator's teardown).
   std::vector<ReleasedChunk> remove_all();

@@ -27,6 +27,7 @@ std::vector<std::pair<std::string, std::int64_t>> AllocatorStats::items() const 
       {"backend_free_ns", backend_free_ns},
       {"oom_retries", oom_retries},
       {"idle_chunks_released", idle_chunks_released},
+      {"trims", trims},
       {"events_recorded", events_recorded},
       {"events_completed", events_completed},
       {"syncs", syncs},

@@ -33,7 +33,8 @@ struct AllocatorStats {
   std::int64_t backend_alloc_ns = 0;      // time spent inside those calls
   std::int64_t backend_free_ns = 0;
   std::int64_t oom_retries = 0;           // out-of-memory -> free idle chunks -> retry
-  std::int64_t idle_chunks_released = 0;
+  std::int64_t idle_chunks_released = 0;  // by empty_cache, the cap, flags, trims and retries
+  std::int64_t trims = 0;                 // growths that first gave idle chunks back
   std::int64_t events_recorded = 0;
   std::int64_t events_completed = 0;
   std::int64_t syncs = 0;                 // sync-after-alloc waits

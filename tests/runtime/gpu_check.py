@@ -1,0 +1,228 @@
+"""GPU check of the pinned pool and the timing-free DeviceEvent: a prepared
+script for a machine with an NVIDIA GPU and paddlepaddle-gpu, not run in CI
+(pytest does not collect it). Each check prints its figures next to a
+reference measured in the same run.
+
+    python tests/runtime/gpu_check.py bandwidth     # H2D copy: pool (pinned) vs pageable numpy
+    python tests/runtime/gpu_check.py gated-reuse   # record_event keeps a block from reuse during an async copy
+    python tests/runtime/gpu_check.py overlap       # GEMM vs communication overlap, CUDA_DEVICE_MAX_CONNECTIONS=1,
+                                                    # timing-free vs timing events (NCCL with >= 2 GPUs,
+                                                    # else a device-to-device copy stream)
+    python tests/runtime/gpu_check.py all
+
+Needs paddle_ext built with its cuda backend (a CUDA toolkit at build time).
+The copies go through cudaMemcpyAsync from libcudart (ctypes) so that they
+really are asynchronous on the stream given to record_event.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import ctypes.util
+import glob
+import json
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+H2D, D2D = 1, 3  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToDevice
+
+
+def cudart() -> ctypes.CDLL:
+    import paddle
+
+    roots = [os.path.dirname(paddle.__file__), *sys.path]
+    candidates = [p for r in roots for p in glob.glob(os.path.join(r, "**", "libcudart.so*"), recursive=False)]
+    candidates += glob.glob(os.path.join(sys.prefix, "lib", "python*", "site-packages", "nvidia", "cuda_runtime",
+                                         "lib", "libcudart.so*"))
+    found = ctypes.util.find_library("cudart")
+    for path in candidates + ([found] if found else []):
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
+                                        ctypes.c_void_p]
+        lib.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+        return lib
+    raise SystemExit("libcudart not found next to Paddle or on the loader path")
+
+
+def check(code: int, what: str) -> None:
+    if code != 0:
+        raise SystemExit(f"{what} failed with cudaError {code}")
+
+
+def setup() -> tuple:
+    import paddle
+
+    from paddle_ext import runtime
+
+    if not paddle.is_compiled_with_cuda() or paddle.device.cuda.device_count() == 0:
+        raise SystemExit("needs paddlepaddle-gpu and a CUDA device")
+    if "cuda" not in runtime.backends() or not runtime.backends()["cuda"]["usable"]:
+        raise SystemExit(f"paddle_ext's cuda backend is not usable: {runtime.backends().get('cuda')}")
+    paddle.set_device("gpu:0")
+    return paddle, runtime, cudart()
+
+
+def bandwidth(nbytes: int = 256 << 20, repeats: int = 10) -> dict:
+    paddle, runtime, rt = setup()
+    pool = runtime.PinnedPool("cuda")
+    pinned = pool.empty(nbytes, np.uint8)
+    pinned[:] = 1
+    pageable = np.ones(nbytes, np.uint8)
+    dst = paddle.empty([nbytes], dtype="uint8")
+    stream = paddle.device.current_stream().cuda_stream
+
+    def copy(src: np.ndarray) -> float:
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            check(rt.cudaMemcpyAsync(dst.data_ptr(), src.ctypes.data, nbytes, H2D, stream), "cudaMemcpyAsync")
+            check(rt.cudaStreamSynchronize(stream), "cudaStreamSynchronize")
+            times.append(time.perf_counter() - start)
+        return nbytes / sorted(times)[len(times) // 2] / 1e9
+
+    out = {"pinned_GBps": copy(pinned), "pageable_GBps": copy(pageable)}
+    out["ratio"] = out["pinned_GBps"] / out["pageable_GBps"]
+    print(f"bandwidth: H2D {nbytes >> 20} MiB: pool (pinned) {out['pinned_GBps']:.1f} GB/s, pageable "
+          f"{out['pageable_GBps']:.1f} GB/s (reference): {out['ratio']:.2f}x")
+    return out
+
+
+def gated_reuse(nbytes: int = 256 << 20, trials: int = 20) -> dict:
+    """Free a block while an async H2D copy still reads it, reallocate at once and
+    overwrite: with record_event the pool hands out another block and the copy
+    arrives intact; without it (reference) the same block comes back."""
+    paddle, runtime, rt = setup()
+    pool = runtime.PinnedPool("cuda", max_cached_bytes=None)
+    stream = paddle.device.cuda.Stream()
+    handle = stream.cuda_stream
+    dst = paddle.empty([nbytes], dtype="uint8")
+    results = {}
+    for gated in (True, False):
+        same_block = corrupted = 0
+        for _ in range(trials):
+            src = pool.empty(nbytes, np.uint8)
+            src[:] = 7
+            ptr = src.ctypes.data
+            check(rt.cudaMemcpyAsync(dst.data_ptr(), ptr, nbytes, H2D, handle), "cudaMemcpyAsync")
+            if gated:
+                assert pool.record_event(src, stream)
+            del src  # freed while the copy may still read it
+            again = pool.empty(nbytes, np.uint8)
+            same_block += again.ctypes.data == ptr
+            again[:] = 9  # would corrupt the copy if it is the same memory
+            check(rt.cudaStreamSynchronize(handle), "cudaStreamSynchronize")
+            corrupted += int((dst.numpy()[:: 1 << 20] != 7).any())
+            del again
+        results["gated" if gated else "ungated"] = {"same_block": same_block, "corrupted": corrupted}
+    s = pool.stats()
+    print(f"gated-reuse: with record_event: {results['gated']['same_block']}/{trials} reused while in flight, "
+          f"{results['gated']['corrupted']} corrupted copies; without (reference): "
+          f"{results['ungated']['same_block']}/{trials} reused, {results['ungated']['corrupted']} corrupted; "
+          f"events recorded {s.events_recorded}, completed {s.events_completed}")
+    if results["gated"]["same_block"] or results["gated"]["corrupted"]:
+        raise SystemExit("gated reuse FAILED")
+    return results
+
+
+OVERLAP_CHILD = r"""
+import json, os, sys, time
+import paddle
+from paddle_ext.runtime import Event
+timing = sys.argv[1] == "timing"
+distributed = int(os.environ.get("PADDLE_TRAINERS_NUM", "1")) > 1
+if distributed:
+    import paddle.distributed as dist
+    dist.init_parallel_env()
+paddle.set_device(f"gpu:{paddle.distributed.get_rank() if distributed else 0}")
+compute, comm = paddle.device.cuda.Stream(), paddle.device.cuda.Stream()
+a = paddle.randn([8192, 8192]); b = paddle.randn([8192, 8192])
+payload = paddle.ones([64 << 20])
+scratch = paddle.empty_like(payload)
+
+def communicate():
+    if distributed:
+        paddle.distributed.stream.all_reduce(payload, sync_op=False, use_calc_stream=True)
+    else:
+        paddle.assign(payload, output=scratch)
+
+def gemms():
+    for _ in range(8):
+        paddle.matmul(a, b)
+
+def run(do_comm, do_gemm):
+    paddle.device.synchronize()
+    start = time.perf_counter()
+    ready = Event("cuda", enable_timing=timing)
+    done = Event("cuda", enable_timing=timing)
+    ready.record(paddle.device.current_stream())
+    if do_comm:
+        with paddle.device.stream_guard(comm):
+            ready.wait(comm)
+            for _ in range(4):
+                communicate()
+            done.record(comm)
+    if do_gemm:
+        with paddle.device.stream_guard(compute):
+            ready.wait(compute)
+            gemms()
+    done.wait(paddle.device.current_stream())
+    paddle.device.synchronize()
+    return time.perf_counter() - start
+
+for _ in range(2):
+    run(True, True)
+t_comm = min(run(True, False) for _ in range(3))
+t_gemm = min(run(False, True) for _ in range(3))
+t_both = min(run(True, True) for _ in range(3))
+print("RESULT " + json.dumps({"comm": t_comm, "gemm": t_gemm, "both": t_both,
+                              "overlap": (t_comm + t_gemm - t_both) / min(t_comm, t_gemm)}))
+"""
+
+
+def overlap() -> dict:
+    import paddle
+
+    gpus = paddle.device.cuda.device_count()
+    results = {}
+    for kind in ("timing-free", "timing"):
+        env = {**os.environ, "CUDA_DEVICE_MAX_CONNECTIONS": "1"}
+        script = os.path.join(os.environ.get("TMPDIR", "/tmp"), "paddle_ext_overlap_child.py")
+        with open(script, "w") as f:
+            f.write(OVERLAP_CHILD)
+        if gpus >= 2:
+            log_dir = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"paddle_ext_overlap_{kind}")
+            cmd = [sys.executable, "-m", "paddle.distributed.launch", "--gpus", "0,1", "--log_dir", log_dir,
+                   script, "timing" if kind == "timing" else "free"]
+            subprocess.run(cmd, env=env, check=True, timeout=600)
+            text = open(os.path.join(log_dir, "workerlog.0")).read()
+        else:
+            proc = subprocess.run([sys.executable, script, "timing" if kind == "timing" else "free"], env=env,
+                                  check=True, timeout=600, capture_output=True, text=True)
+            text = proc.stdout
+        results[kind] = json.loads(text.split("RESULT ", 1)[1].splitlines()[0])
+    what = "NCCL all_reduce" if gpus >= 2 else "device-to-device copies (one GPU: no NCCL)"
+    for kind, r in results.items():
+        print(f"overlap: {what} with GEMMs, CUDA_DEVICE_MAX_CONNECTIONS=1, {kind} events: comm {r['comm'] * 1e3:.1f} "
+              f"ms, gemm {r['gemm'] * 1e3:.1f} ms, both {r['both'] * 1e3:.1f} ms, overlap {r['overlap']:.2f}")
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("check", choices=["bandwidth", "gated-reuse", "overlap", "all"])
+    args = parser.parse_args()
+    checks = {"bandwidth": bandwidth, "gated-reuse": gated_reuse, "overlap": overlap}
+    for name in checks if args.check == "all" else [args.check]:
+        checks[name]()
+
+
+if __name__ == "__main__":
+    main()
