@@ -14,6 +14,7 @@ every numpy view and every tensor made from it.
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any, Sequence, Union
 
@@ -110,8 +111,6 @@ class PinnedPool:
         if isinstance(backend, str):
             overrides["backend"] = backend
         if overrides:
-            import dataclasses
-
             cfg = dataclasses.replace(cfg, **overrides)
         self.config = cfg
         run = cfg.effective()
