@@ -39,6 +39,10 @@ class PyBlock {
     ptr_ = pool_->allocate(nbytes);
   }
   ~PyBlock() {
+    // Runs in the Python object's dealloc, with the GIL: a free may give a
+    // chunk back (munmap, cudaFreeHost, which waits for the device), so let
+    // other Python threads run meanwhile.
+    py::gil_scoped_release nogil;
     try {
       pool_->free(ptr_);
     } catch (...) {  // a destructor cannot report; the pool stays consistent
