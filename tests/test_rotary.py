@@ -393,6 +393,14 @@ def test_position_ids_out_of_range_raise_index_error_naming_the_first(bad, where
     assert "[0, rows) = [0, 9)" in str(info.value)
 
 
+def test_position_ids_are_checked_when_q_is_empty_but_k_is_not():
+    ids = np.zeros((2, 5), np.int64)
+    ids[0, 1] = 9
+    with pytest.raises(IndexError, match=r"position_ids\[0, 1\] = 9"):
+        rope(_t((2, 5, 0, 8)), _t((2, 5, 1, 8)), sin=_t((9, 8)), cos=_t((9, 8)),
+             position_ids=paddle.to_tensor(ids))
+
+
 def test_time_major_position_ids_index_batch_then_seq():
     ids = np.zeros((2, 5), np.int64)
     ids[0, 4] = 12

@@ -96,7 +96,9 @@ rt::Problem describe(const paddle::Tensor& x, const OptTensor& sin, const OptTen
     PD_CHECK(position_ids->shape() == Shape({p.batch, p.seq}), "pe_rotary: position_ids must be [batch, seq] = ",
              shape_text({p.batch, p.seq}), ", got ", shape_text(position_ids->shape()));
     PD_CHECK(position_ids->place() == x.place(), "pe_rotary: position_ids must be on x's device");
-    if (check_position_ids) check_positions(*position_ids, p.table_rows);
+    // On the CPU the scan is cheap next to the rotation: always done, so no call
+    // reads outside the tables. On a GPU it synchronises: once per API call.
+    if (check_position_ids || x.is_cpu()) check_positions(*position_ids, p.table_rows);
     p.position_ids = position_ids->data<int64_t>();
   } else {
     PD_CHECK(p.table_rows == p.seq, "pe_rotary: without position_ids sin and cos need seq = ", p.seq,
@@ -137,7 +139,7 @@ std::vector<paddle::Tensor> RotaryForward(const paddle::Tensor& x, const OptTens
                  check_position_ids, false)};
 }
 
-// The positions were checked by the forward pass.
+// On a GPU the forward pass checked the positions (see describe).
 std::vector<paddle::Tensor> RotaryBackward(const OptTensor& sin, const OptTensor& cos, const OptTensor& position_ids,
                                            const paddle::Tensor& out_grad, bool use_neox_rotary_style,
                                            bool time_major, float rotary_emb_base, bool check_position_ids) {

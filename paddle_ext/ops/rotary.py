@@ -13,7 +13,15 @@ False pairs the two halves, i with i + head_dim / 2 (rotate_half); sign is -1
 for the first element of a pair, +1 for the second. Without sin and cos the
 angles are p * rotary_emb_base ** (-2 * (i // 2) / head_dim). The backward
 pass applies the transposed rotation to the output grads; sin, cos and
-position_ids get no gradient (as in Paddle).
+position_ids get no gradient (as in Paddle). q, k and v go through the op
+pe_rotary one at a time (one pass over each), so each has its own grad node.
+
+Where Paddle's kernel reads out of bounds, ignores an argument or leaves output
+unwritten, this raises instead: a lone sin or cos (Paddle silently computes
+the angles), k or v with another batch or seq_len than q (Paddle accepts a
+larger batch and leaves the rest of the output unwritten), position ids
+outside the tables. Paddle's AssertionErrors (position_ids or rotate-half
+without tables) are ValueErrors here.
 """
 
 from __future__ import annotations
@@ -87,11 +95,10 @@ def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, posit
                              "computes angles from rotary_emb_base only for adjacent pairs")
     else:
         rows = _check_table("sin", sin, q, head_dim)
-        cos_rows = _check_table("cos", cos, q, head_dim)
+        _check_table("cos", cos, q, head_dim)
         if list(sin.shape) != list(cos.shape):
             raise ValueError(f"sin and cos must have the same shape, got sin {list(sin.shape)} and "
                              f"cos {list(cos.shape)}")
-        del cos_rows
         if position_ids is None and rows != seq:
             raise ValueError(f"sin and cos must have seq_len = {seq} rows without position_ids, got shape "
                              f"{list(sin.shape)}")
@@ -111,6 +118,7 @@ def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, posit
     tables = [None if t is None else _contiguous(t) for t in (sin, cos, position_ids)]
     attrs = (bool(use_neox_rotary_style), bool(time_major), base)
     outs = []
+    checked = position_ids is None
     for t in (q, k, v):
         if t is None:
             outs.append(None)
@@ -120,10 +128,8 @@ def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, posit
 
             outs.append(paddle.zeros_like(t))
             continue
-        # The position ids are checked once, with the first tensor.
-        check = position_ids is not None and all(o is None for o in outs)
-        try:
-            (out,) = _library.run("pe_rotary", _contiguous(t), *tables, *attrs, check)
+        try:  # the kernel checks the position ids with the first tensor it rotates
+            (out,) = _library.run("pe_rotary", _contiguous(t), *tables, *attrs, not checked)
         except Exception as err:  # the kernel's PD_CHECK arrives as OSError (3.x) or another type
             match = _BAD_POSITION.search(str(err))
             if match is None:
@@ -134,6 +140,7 @@ def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, posit
             raise IndexError(
                 f"position_ids{where} = {value} is out of range: position ids must lie in [0, rows) = "
                 f"[0, {rows}), the rows of sin and cos") from None
+        checked = True
         outs.append(out)
     return tuple(outs)
 

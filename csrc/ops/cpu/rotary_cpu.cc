@@ -220,7 +220,7 @@ __attribute__((always_inline)) inline void rotate_rows(const typename Tr::Storag
   }
 }
 
-// Tokens [begin, end) in memory order of every tensor.
+// Tokens [begin, end), in the memory order of the tensor.
 template <class Tr, bool kAdjacent>
 __attribute__((always_inline)) inline void process_tokens(const Problem& p, bool backward,
                                                           const AngleTable* angles, int64_t begin,
