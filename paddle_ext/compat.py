@@ -161,7 +161,137 @@ def distributed_strategy_class():
     return DistributedStrategy
 
 
-
 def pp_config_message(strategy: Any) -> Any:
     """The protobuf message behind strategy.hybrid_configs['pp_configs']."""
     return strategy.strategy.hybrid_configs.pp_configs
+
+
+def upstream_schedule_node_classes():
+    """(ScheduleNode, ScheduleChunk) from fleet.meta_parallel (Paddle 3.1+), or None
+    on releases without the forward/backward overlap scheduler (2.6, 3.0)."""
+    try:
+        from paddle.distributed.fleet.meta_parallel.pp_utils.forward_backward_overlap_utils import (
+            ScheduleChunk,
+            ScheduleNode,
+        )
+    except ImportError:
+        return None
+    return ScheduleNode, ScheduleChunk
+
+
+def meta_parallel_module():
+    """paddle.distributed.fleet.meta_parallel: where upstream exports ScheduleNode."""
+    import paddle.distributed.fleet.meta_parallel as meta_parallel
+
+    return meta_parallel
+
+
+def pipeline_run_function(layers: Any, chunk_id: Any = None) -> list:
+    """The callables a PipelineLayer runs for `chunk_id` (None: the only chunk). Both
+    2.6 and 3.x keep VPP chunks in `_model_chunks[i].get_run_function()`."""
+    if chunk_id is None or layers.get_num_virtual_stages() <= 1:
+        return list(layers.run_function)
+    return list(layers._model_chunks[chunk_id].get_run_function())
+
+
+def pipeline_recompute_interval(layers: Any) -> int:
+    return int(getattr(layers, "_recompute_interval", 0) or 0)
+
+
+# --- gradient reduction of the pipeline engine (pipeline/grad_sync.py) ------------------
+
+def pipeline_model_chunks(layers: Any) -> list:
+    """A PipelineLayer's model chunks on this rank: its virtual-stage chunks with VPP,
+    else the layer itself (2.6 and 3.x: get_model_chunks() is None without VPP)."""
+    chunks = layers.get_model_chunks() if layers.get_num_virtual_stages() > 1 else None
+    return list(chunks) if chunks else [layers]
+
+
+def pipeline_shared_layer_params(layers: Any) -> list:
+    """Parameters of the PipelineLayer's shared (tied) layers on this rank: both
+    releases keep those layers in `shared_layers` (3.x also in shared_comm[key]['layer'])."""
+    shared = getattr(layers, "shared_layers", None) or {}
+    params, seen = [], set()
+    for layer in shared.values():
+        for p in layer.parameters():
+            if id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+    return params
+
+
+def global_rank() -> int:
+    import paddle.distributed as dist
+
+    return dist.get_rank()
+
+
+def tensor_device_kind() -> str:
+    """'cpu' when new tensors go to the CPU, 'gpu' for CUDA/ROCm places, else the
+    device type Paddle reports (xpu, npu, ...)."""
+    import paddle
+
+    device = paddle.get_device()
+    kind = device.split(":", 1)[0]
+    return "gpu" if kind in ("gpu", "cuda") else kind
+
+
+def new_stream() -> Any:
+    """A new stream on the current device (paddle.device.Stream on 2.6 and 3.x)."""
+    import paddle
+
+    return paddle.device.Stream()
+
+
+def current_stream() -> Any:
+    import paddle
+
+    return paddle.device.current_stream()
+
+
+def stream_guard(stream: Any) -> Any:
+    """Context in which ops (and calc-stream collectives) run on `stream`."""
+    import paddle
+
+    return paddle.device.stream_guard(stream)
+
+
+def raw_stream(stream: Any) -> Any:
+    """What paddle_ext.runtime.Event takes for a Paddle stream: its stream_base, which
+    carries the native handle (.cuda_stream) on 2.6 and 3.x."""
+    return getattr(stream, "stream_base", stream)
+
+
+class _PaddleEvent:
+    """Paddle's device event with record(stream) / wait(stream) (a stream waits on it)."""
+
+    def __init__(self, enable_timing: bool) -> None:
+        import paddle
+
+        # 2.6: Event(device=None, enable_timing=...); 3.x: Event(enable_timing=...)
+        self.event = paddle.device.Event(enable_timing=enable_timing)
+
+    def record(self, stream: Any) -> None:
+        self.event.record(stream)
+
+    def wait(self, stream: Any) -> None:
+        stream.wait_event(self.event)
+
+
+def paddle_device_event(enable_timing: bool = False) -> Any:
+    return _PaddleEvent(enable_timing)
+
+
+def tensor_sharing_host_memory(array: Any) -> Any:
+    """A CPU Tensor over a numpy array's memory, without a copy.
+
+    3.x: through DLPack. Paddle 2.6's from_dlpack copies (measured: the tensor
+    did not see later writes), so there is no zero-copy path and it raises.
+    """
+    if paddle_version() < (3, 0, 0) and paddle_version() != (0, 0, 0):
+        raise NotImplementedError(
+            f"Paddle {version_string()} has no zero-copy path from host memory to a Tensor "
+            "(its from_dlpack copies); use the buffer's numpy() view, or Paddle >= 3.0")
+    import paddle
+
+    return paddle.utils.dlpack.from_dlpack(array.__dlpack__())

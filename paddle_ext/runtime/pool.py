@@ -60,10 +60,11 @@ class PinnedBuffer:
 
 
 def as_tensor(array: np.ndarray) -> Any:
-    """A Paddle tensor sharing `array`'s memory (which keeps its block alive)."""
-    import paddle
+    """A Paddle tensor sharing `array`'s memory (which keeps its block alive).
+    Paddle >= 3.0 only: 2.6 cannot share host memory without a copy."""
+    from paddle_ext import compat
 
-    return paddle.utils.dlpack.from_dlpack(array.__dlpack__())
+    return compat.tensor_sharing_host_memory(array)
 
 
 def _block_of(obj: Any) -> Any:

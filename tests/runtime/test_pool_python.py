@@ -53,6 +53,13 @@ def test_block_lives_until_the_last_view_is_gone(pool):
 
 def test_paddle_tensor_shares_the_pinned_memory():
     paddle = pytest.importorskip("paddle")
+    from paddle_ext import compat
+
+    if compat.paddle_version() < (3, 0, 0):
+        pool = PinnedPool(FakeBackend(), config=RuntimeConfig())
+        with pytest.raises(NotImplementedError, match="no zero-copy path"):
+            pool.allocate(64).tensor(np.float32, (4, 4))
+        return
     pool = PinnedPool(FakeBackend(), config=RuntimeConfig())
     buf = pool.allocate(64)
     t = buf.tensor(np.float32, (4, 4))
