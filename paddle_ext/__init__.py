@@ -30,6 +30,11 @@ def enable(config: Any = None) -> None:
 
     s = series()
     s.apply(config_module.from_source(config, s.names), compat.paddle_version())
+    section = config_module.plugin_section(config)
+    if "runtime" in section:
+        from paddle_ext import runtime
+
+        runtime.configure(config)
 
 
 def disable() -> None:

@@ -13,12 +13,11 @@ single units without touching code. Unknown keys and wrong types raise.
 from __future__ import annotations
 
 import os
-import weakref
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 SECTION = "paddle_ext"
-PLUGIN_KEYS = ("patches",)
+PLUGIN_KEYS = ("patches", "runtime")  # runtime: see paddle_ext.runtime.config
 ENV_PATCHES = "PADDLE_EXT_PATCHES"
 _TRUE = {"1", "on", "true", "yes"}
 _FALSE = {"0", "off", "false", "no"}
@@ -31,6 +30,11 @@ class PluginConfig:
 
     def unit_enabled(self, name: str) -> bool:
         return self.patches.get(name, True)
+
+
+def plugin_section(source: Any) -> Mapping[str, Any]:
+    """The plugin's part of a strategy-style mapping (checked, possibly empty)."""
+    return _section(source)
 
 
 def _section(source: Any) -> Mapping[str, Any]:
@@ -104,14 +108,72 @@ PP_CONFIG_DEFAULTS: dict[str, Any] = {
     "sync_mode": "broadcast",
 }
 
-_EXTRA_PP_CONFIGS: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+# The attribute of a DistributedStrategy that holds the keys its protobuf lacks. An
+# attribute (set past the strategy's attribute lock) because fleet.init deep-copies
+# the strategy: a side table keyed by the object lost them on the way to the engine.
+_EXTRA_ATTR = "_paddle_ext_pp_configs"
 
 
-def split_pp_configs(strategy: Any, pp_configs: Mapping[str, Any], native_keys: set[str]) -> dict[str, Any]:
+def _extra_pp_configs(strategy: Any) -> dict[str, Any]:
+    extra = getattr(strategy, _EXTRA_ATTR, None)
+    if extra is None:
+        extra = {}
+        object.__setattr__(strategy, _EXTRA_ATTR, extra)
+    return extra
+
+
+# PaddleNLP's TrainingArguments.pipeline_parallel_config: words (space- or comma-
+# separated) -> the pp_configs key each sets and the value it gives it. Words that
+# configure pipeline_configs, not pp_configs, are accepted and have no pp_configs key.
+PIPELINE_PARALLEL_CONFIG_WORDS: dict[str, tuple[str, Any] | None] = {
+    "enable_delay_scale_loss": ("delay_scale_loss", True),
+    "enable_dp_comm_overlap": ("dp_comm_overlap", True),
+    "enable_sharding_comm_overlap": ("sharding_comm_overlap", True),
+    "enable_timer": ("enable_timer", True),
+    "enable_release_grads": ("release_gradients", True),
+    "enable_overlap_p2p_comm": ("overlap_p2p_comm", True),
+    "enable_clear_every_step_cache": ("clear_every_step_cache", True),
+    "disable_batch_p2p_comm": ("use_batch_p2p_comm", False),
+    "best_unbalanced_scheduler": ("best_unbalanced_scheduler", True),
+    "enable_offload_queue": ("enable_offload_queue", True),
+    "enable_dynamic_shape": ("enable_dynamic_shape", True),
+    "use_dualpipev": ("use_dualpipev", True),
+    "forward_backward_overlap_scheduler": ("forward_backward_overlap_scheduler", True),
+    "disable_p2p_cache_shape": None,      # pipeline_configs.p2p_cache_shape
+    "disable_partial_send_recv": None,    # pipeline_configs.enable_partial_send_recv
+}
+
+
+def parse_pipeline_parallel_config(text: str) -> dict[str, Any]:
+    """pp_configs from a PaddleNLP-style pipeline_parallel_config string, e.g.
+    "forward_backward_overlap_scheduler enable_overlap_p2p_comm" ->
+    {"forward_backward_overlap_scheduler": True, "overlap_p2p_comm": True}.
+    Words are separated by commas or spaces; an unknown word raises ValueError."""
+    if not isinstance(text, str):
+        raise TypeError(f"pipeline_parallel_config must be a str, got {type(text).__name__}")
+    words = [w.strip() for w in text.replace(",", " ").split()]
+    unknown = [w for w in words if w not in PIPELINE_PARALLEL_CONFIG_WORDS]
+    if unknown:
+        raise ValueError(f"unknown pipeline_parallel_config words {unknown}; known: "
+                         f"{sorted(PIPELINE_PARALLEL_CONFIG_WORDS)}")
+    out: dict[str, Any] = {}
+    for w in words:
+        target = PIPELINE_PARALLEL_CONFIG_WORDS[w]
+        if target is not None:
+            out[target[0]] = target[1]
+    return out
+
+
+def split_pp_configs(strategy: Any, pp_configs: Mapping[str, Any] | str,
+                     native_keys: set[str]) -> dict[str, Any]:
     """Checks user pp_configs; keeps the keys this Paddle's protobuf lacks beside
-    `strategy` and returns the ones it can store itself."""
+    `strategy` and returns the ones it can store itself. A str is read as a PaddleNLP
+    pipeline_parallel_config string (parse_pipeline_parallel_config)."""
+    if isinstance(pp_configs, str):
+        pp_configs = parse_pipeline_parallel_config(pp_configs)
     if not isinstance(pp_configs, Mapping):
-        raise TypeError(f"hybrid_configs['pp_configs'] must be a dict, got {type(pp_configs).__name__}")
+        raise TypeError(f"hybrid_configs['pp_configs'] must be a dict (or a pipeline_parallel_config "
+                        f"string), got {type(pp_configs).__name__}")
     allowed = set(PP_CONFIG_DEFAULTS) | native_keys
     unknown = sorted(k for k in pp_configs if k not in allowed)
     if unknown:
@@ -122,13 +184,13 @@ def split_pp_configs(strategy: Any, pp_configs: Mapping[str, Any], native_keys: 
             raise TypeError(f"hybrid_configs['pp_configs'][{key!r}] must be True or False, got {value!r}")
     extra = {k: v for k, v in pp_configs.items() if k not in native_keys}
     if extra:
-        _EXTRA_PP_CONFIGS.setdefault(strategy, {}).update(extra)
+        _extra_pp_configs(strategy).update(extra)
     return {k: v for k, v in pp_configs.items() if k in native_keys}
 
 
 def pp_config(strategy: Any, key: str) -> Any:
     """A pp_configs value from wherever this Paddle release keeps it."""
-    extra = _EXTRA_PP_CONFIGS.get(strategy, {})
+    extra = getattr(strategy, _EXTRA_ATTR, None) or {}
     if key in extra:
         return extra[key]
     message = strategy.hybrid_configs["pp_configs"]
