@@ -2,7 +2,8 @@
 #   make demo   set up .venv (Paddle + this plugin, built) and run the main job:
 #               the doctor report, then a pipeline-parallel training demo on 2 CPU ranks
 #   make test   set up .venv the same way and run the test suite
-# PADDLE selects the Paddle release, VENV the environment folder.
+# PADDLE selects the Paddle release, VENV the environment folder, PYTEST_ARGS extra pytest
+# arguments.
 
 PADDLE ?= 3.3.1
 VENV ?= .venv
@@ -28,7 +29,7 @@ demo: $(STAMP)
 	$(PY) examples/pipeline_demo.py
 
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q tests $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check paddle_ext patches tests bench tools setup.py

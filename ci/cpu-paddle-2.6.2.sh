@@ -8,8 +8,12 @@ work=build/ci/cpu-paddle-2.6.2
 mkdir -p "$work/src"
 tar --exclude=./build --exclude='./.venv*' --exclude=./paddle_ext/lib --exclude='*.so' \
     --exclude=./.git --exclude='*/__pycache__' -cf - . | tar -xf - -C "$work/src"
-echo "cpu-paddle-2.6.2: make test PADDLE=2.6.2 in $work/src"
-make -C "$work/src" test PADDLE=2.6.2 VENV="$PWD/$work/venv"
+# A declared subset: everything that touches Paddle. Left to the 3.3.1 leg, because they
+# import no Paddle and so cannot differ between releases: tests/pipeline (the pure-Python
+# schedule layer) and the allocator's sanitizer builds (C++ only).
+echo "cpu-paddle-2.6.2: make test PADDLE=2.6.2 in $work/src (without tests/pipeline and the sanitizer builds: Paddle-independent)"
+PADDLE_EXT_SKIP_SANITIZERS=1 make -C "$work/src" test PADDLE=2.6.2 VENV="$PWD/$work/venv" \
+    PYTEST_ARGS="--ignore=tests/pipeline"
 # The install must have pinned protobuf below 5 and numpy below 2 for Paddle 2.6 by itself.
 "$work/venv/bin/python" -c "
 import google.protobuf as p, numpy as n
