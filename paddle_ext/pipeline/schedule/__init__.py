@@ -6,9 +6,12 @@
     result = validate(lowered)                       # raises ScheduleError, else SimResult
     print(result.makespan, result.bubble_overall, result.peak_in_flight)
     print(Schedule.from_text(lowered.to_text()) == lowered)  # True
+    o = overlap(s)                                   # steady-state F&B pairs (kind
+                                                     # "interleaved-overlap")
+    simulate(o, Costs(overlap_ratio=0.7))            # an F&B at 0.7 * (F + B)
 
 Modules: ir (actions, text form, Schedule), generate (fthenb / 1f1b / interleaved),
-lower (communication), flow (data dependencies, channel matching), validate, simulate
+overlap (forward/backward overlap pairs), lower (communication), flow (data dependencies, channel matching), validate, simulate
 (cost model), analytic (closed forms), render (grids, timelines, PNG), cli.
 """
 
@@ -44,15 +47,23 @@ from paddle_ext.pipeline.schedule.ir import (
     stage_of,
 )
 from paddle_ext.pipeline.schedule.lower import lower
+from paddle_ext.pipeline.schedule.overlap import (
+    OVERLAP_SUFFIX,
+    is_overlapped,
+    overlap,
+    overlap_pairs,
+    split_kind,
+)
 from paddle_ext.pipeline.schedule.render import plot_timeline, step_grid, text_timeline
 from paddle_ext.pipeline.schedule.simulate import Costs, SimResult, Span, simulate
 from paddle_ext.pipeline.schedule.validate import validate
 
 __all__ = [
-    "KINDS", "Action", "B", "Comm", "Costs", "F", "FB", "GradSync", "RecvAct", "RecvGrad",
+    "KINDS", "OVERLAP_SUFFIX", "Action", "B", "Comm", "Costs", "F", "FB", "GradSync", "RecvAct", "RecvGrad",
     "Schedule", "ScheduleArgumentError", "ScheduleError", "SendAct", "SendGrad", "SimResult",
     "Span", "analytic_bubble", "analytic_makespan", "check_args", "computes", "fthenb", "generate",
-    "interleaved", "locate", "lower", "microbatch_groups", "one_f_one_b", "parse_action",
+    "interleaved", "is_overlapped", "locate", "lower", "microbatch_groups", "one_f_one_b",
+    "overlap", "overlap_pairs", "parse_action", "split_kind",
     "peak_in_flight_bound", "plot_timeline", "simulate", "stage_of", "step_grid",
     "text_timeline", "validate",
 ]

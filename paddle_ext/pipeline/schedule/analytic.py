@@ -20,6 +20,7 @@ from fractions import Fraction
 from typing import Optional
 
 from paddle_ext.pipeline.schedule.generate import check_args, interleaved_warmup
+from paddle_ext.pipeline.schedule.overlap import split_kind
 from paddle_ext.pipeline.schedule.simulate import Costs, Number
 
 __all__ = ["formula_applies", "makespan", "bubble", "peak_in_flight_bound"]
@@ -53,8 +54,17 @@ def peak_in_flight_bound(pp: int, vpp: int, microbatches: int, kind: str, rank: 
 
     fthenb: vpp*M. 1f1b: pp - rank. interleaved (vpp > 1):
     min(2*(pp - rank - 1) + (vpp - 1)*(pp + M % pp) + 1, vpp*M).
+    With the overlap transformation ("<kind>-overlap", see overlap.py) the warm-up w
+    becomes w' = min(max(w + 1, 2*(pp - rank - 1) + 1), vpp*M) and the bound
+    min(w' + 1, vpp*M): an F&B makes its forward's activation before it frees its
+    backward's.
     """
-    k = check_args(pp, vpp, microbatches, kind)
+    base, overlapped = split_kind(kind)
+    k = check_args(pp, vpp, microbatches, base)
+    total = vpp * microbatches
     if k == "fthenb":
-        return vpp * microbatches
-    return min(interleaved_warmup(pp, vpp, microbatches, rank) + 1, vpp * microbatches)
+        return total
+    warmup = interleaved_warmup(pp, vpp, microbatches, rank)
+    if overlapped:
+        warmup = min(max(warmup + 1, 2 * (pp - rank - 1) + 1), total)
+    return min(warmup + 1, total)

@@ -2,6 +2,7 @@
 pipeline schedule without Paddle.
 
     python -m paddle_ext schedule --pp 4 --vpp 2 --microbatches 10 --text --plot t.png
+    python -m paddle_ext schedule --pp 4 --vpp 2 --microbatches 10 --overlap --fb-cost 0.7
 
 Wiring: `main(argv)` takes the arguments after "schedule" and returns the exit code;
 or, under an existing argparse subcommand, `configure_parser(p)` then `run(args)`.
@@ -10,15 +11,22 @@ or, under an existing argparse subcommand, `configure_parser(p)` then `run(args)
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from typing import List, Optional, Sequence, TextIO
 
 from paddle_ext.pipeline.schedule import analytic
 from paddle_ext.pipeline.schedule.generate import KINDS, ScheduleArgumentError, check_args, generate
-from paddle_ext.pipeline.schedule.ir import Comm, Schedule, ScheduleError
+from paddle_ext.pipeline.schedule.ir import Comm, Schedule, ScheduleError, computes
 from paddle_ext.pipeline.schedule.lower import lower
+from paddle_ext.pipeline.schedule.overlap import (
+    OVERLAP_SUFFIX,
+    is_overlapped,
+    overlap_pairs,
+    split_kind,
+)
 from paddle_ext.pipeline.schedule.render import plot_timeline, text_timeline
-from paddle_ext.pipeline.schedule.simulate import Costs, SimResult
+from paddle_ext.pipeline.schedule.simulate import Costs, SimResult, simulate
 from paddle_ext.pipeline.schedule.validate import validate
 
 __all__ = ["main", "configure_parser", "run"]
@@ -39,6 +47,17 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--costs", default="1,2,0", metavar="F,B,COMM",
                         help="cost of one forward, one backward, one transfer, per chunk and "
                         "micro-batch (default 1,2,0)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="pair the steady state's forwards and backwards into overlapped "
+                        "F&B steps (the forward/backward overlap scheduler; 1f1b and "
+                        "interleaved)")
+    parser.add_argument("--fb-cost", default=None, metavar="RATIO",
+                        help="cost of an overlapped F&B as a fraction of F + B, e.g. 0.7 "
+                        "(default 1); the summary compares with the plain schedule")
+    parser.add_argument("--async-p2p", action="store_true",
+                        help="order and run the transfers for a communication thread per rank "
+                        "(pp_configs.overlap_p2p_comm) instead of blocking send/recv between "
+                        "computes")
     parser.add_argument("--text", action="store_true", help="print the text timeline")
     parser.add_argument("--plot", metavar="PNG", help="write the timeline picture (matplotlib)")
     parser.add_argument("--lowered", action="store_true",
@@ -67,13 +86,14 @@ def run(args: argparse.Namespace, out: Optional[TextIO] = None,
     out = out or sys.stdout  # looked up now, so redirected streams are honoured
     err = err or sys.stderr
     try:
-        costs = _parse_costs(args.costs)
+        costs = _parse_costs(args.costs, args.fb_cost)
         schedule = _schedule(args)
     except (ScheduleArgumentError, ValueError) as exc:
         print(f"error: {exc}", file=err)
         return 2
+    threaded = args.async_p2p
     try:
-        lowered = schedule if schedule.lowered else lower(schedule, costs)
+        lowered = schedule if schedule.lowered else lower(schedule, costs, async_p2p=threaded)
     except ScheduleError as exc:
         print(f"invalid schedule: {exc}", file=out)
         return 1
@@ -81,14 +101,17 @@ def run(args: argparse.Namespace, out: Optional[TextIO] = None,
     print(shown.to_text(), end="", file=out)
     print(file=out)
     try:
-        result = validate(lowered, costs)
+        result = validate(lowered, costs, async_p2p=threaded)
     except ScheduleError as exc:
         print(f"validation: FAILED\n{exc}", file=out)
         return 1
     transfers = sum(1 for acts in lowered.ranks for a in acts if isinstance(a, Comm) and a.is_send)
-    print(f"validation: OK ({transfers} transfers; every send matched; the blocking send/recv "
-          "run finishes, no deadlock)", file=out)
+    how = "with communication threads (one per link)" if threaded else "with blocking send/recv"
+    print(f"validation: OK ({transfers} transfers; every send matched; the run {how} finishes, "
+          "no deadlock)", file=out)
     print(_summary(result, costs), file=out)
+    if is_overlapped(schedule):
+        print(_overlap_summary(result, costs, threaded), file=out)
     if args.text:
         print(file=out)
         print(text_timeline(result), file=out)
@@ -106,12 +129,20 @@ def run(args: argparse.Namespace, out: Optional[TextIO] = None,
     return 0
 
 
-def _parse_costs(text: str) -> Costs:
+def _parse_costs(text: str, fb_cost: Optional[str] = None) -> Costs:
     try:
-        return Costs.parse(text)
+        costs = Costs.parse(text)
     except ValueError as exc:
         raise ValueError(f"--costs {text!r}: {exc} (expected F,B,COMM with F, B > 0 and "
                          "COMM >= 0, e.g. 1,2,0)") from None
+    if fb_cost is None:
+        return costs
+    try:
+        ratio = Costs.parse(f"1,1,{fb_cost}").comm  # the same number syntax as --costs
+        return dataclasses.replace(costs, overlap_ratio=ratio)
+    except ValueError:
+        raise ValueError(f"--fb-cost {fb_cost!r} is not allowed: must be a number > 0, the "
+                         "cost of an F&B step as a fraction of F + B (e.g. 0.7)") from None
 
 
 def _schedule(args: argparse.Namespace) -> Schedule:
@@ -126,6 +157,11 @@ def _schedule(args: argparse.Namespace) -> Schedule:
             raise ValueError(f"{flag} is required (or --load FILE)")
     kind = args.kind or ("1f1b" if args.vpp == 1 else "interleaved")
     kind = check_args(args.pp, args.vpp, args.microbatches, kind, _FLAG_NAMES)
+    if args.overlap and not split_kind(kind)[1]:
+        if kind == "fthenb":
+            raise ValueError("--overlap pairs the steady state of 1f1b / interleaved schedules; "
+                             "--kind fthenb has none")
+        kind += OVERLAP_SUFFIX
     return generate(args.pp, args.vpp, args.microbatches, kind)
 
 
@@ -137,10 +173,11 @@ def _summary(result: SimResult, costs: Costs) -> str:
     s = result.schedule
     lines: List[str] = [
         f"simulation (F={_fmt(costs.forward)} B={_fmt(costs.backward)} comm={_fmt(costs.comm)} "
-        f"per chunk and micro-batch; blocking send/recv): makespan {_fmt(result.makespan)}"]
+        f"per chunk and micro-batch; "
+        f"{'communication threads' if result.mode == 'threaded' else 'blocking send/recv'}): "
+        f"makespan {_fmt(result.makespan)}"]
     try:  # a loaded schedule may carry any label; the closed forms need a real kind
-        check_args(s.pp, s.vpp, s.microbatches, s.kind)
-        known = s.kind in KINDS
+        known = split_kind(check_args(s.pp, s.vpp, s.microbatches, s.kind))[0] in KINDS
     except ValueError:
         known = False
     bounds = None
@@ -157,9 +194,37 @@ def _summary(result: SimResult, costs: Costs) -> str:
                      f"{float(result.bubble[r]):>9.1%}  {peak:<24}{buffered[r]}")
     lines.append(f"  overall bubble {float(result.bubble_overall):.1%}")
     formula = analytic.bubble(s.pp, s.vpp, s.microbatches, costs)
-    if formula is not None and known:
+    if formula is not None and known and is_overlapped(s):
+        lines.append(f"  analytic bubble of the plain schedule (pp-1)/(vpp*M+pp-1) = {formula} = "
+                     f"{float(formula):.1%}, makespan "
+                     f"{_fmt(analytic.makespan(s.pp, s.vpp, s.microbatches, costs))}")
+    elif formula is not None and known:
         lines.append(f"  analytic bubble (pp-1)/(vpp*M+pp-1) = {formula} = {float(formula):.1%}, "
                      f"makespan {_fmt(analytic.makespan(s.pp, s.vpp, s.microbatches, costs))}")
     elif known:
         lines.append("  analytic bubble: no closed form for non-uniform costs or comm > 0")
     return "\n".join(lines)
+
+
+def _overlap_summary(result: SimResult, costs: Costs, threaded: bool = False) -> str:
+    """Pairs per rank, and the makespan against the same schedule without overlap: the
+    plain generator's for a known kind, else this one with each F&B run as F then B."""
+    s = result.schedule
+    pairs = overlap_pairs(s)
+    base_kind = split_kind(s.kind)[0]
+    try:
+        plain = generate(s.pp, s.vpp, s.microbatches, base_kind)
+        what = f"the plain {base_kind} schedule"
+    except ValueError:
+        flat = s.compute_only()
+        plain = flat.with_ranks([[p for a in acts for p in computes(a)] for acts in flat.ranks],
+                                kind=base_kind)
+        what = "each F&B run as its F then its B"
+    base = simulate(lower(plain, costs, async_p2p=threaded), costs, async_p2p=threaded)
+    ratio = costs.overlap_ratio if costs.overlap_ratio is not None else 1
+    gain = 1 - float(result.makespan) / float(base.makespan)
+    return "\n".join([
+        f"overlap: {sum(pairs)} F&B pairs (per rank {', '.join(map(str, pairs))}), each costing "
+        f"{_fmt(ratio)} x (F + B)",
+        f"  makespan {_fmt(result.makespan)} with overlap, {_fmt(base.makespan)} without ({what}): "
+        f"predicted gain {gain:.1%}"])

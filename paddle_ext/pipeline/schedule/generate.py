@@ -9,6 +9,8 @@ communication afterwards. Kinds:
   ``pp - r - 1`` warm-up forwards, then alternates F and B, then drains the B's.
 - ``interleaved``: Megatron/Paddle interleaved 1F1B (VPP) for any vpp >= 1 and any
   microbatches >= pp. With vpp == 1 it *is* ``1f1b`` (Paddle picks its 1F1B class then).
+- ``1f1b-overlap``, ``interleaved-overlap``: the same with the steady state's F and B
+  paired into overlapped ``F..&B..`` steps (overlap.py; upstream #71995).
 
 Unbalanced micro-batch counts (microbatches % pp != 0) follow upstream #58383: the
 micro-batches are cut into groups that walk through the chunks together, the first
@@ -23,6 +25,7 @@ from __future__ import annotations
 from typing import List, Mapping, Optional, Tuple
 
 from paddle_ext.pipeline.schedule.ir import B, F, Schedule
+from paddle_ext.pipeline.schedule.overlap import OVERLAP_SUFFIX, overlap, split_kind
 
 __all__ = [
     "KINDS",
@@ -58,11 +61,13 @@ def check_args(pp: int, vpp: int, microbatches: int, kind: str,
     knows (e.g. "--pp"), so the error names what they typed.
     """
     n = {**_DEFAULT_NAMES, **(names or {})}
-    k = str(kind).lower().replace("-", "").replace("_", "")
+    base, overlapped = split_kind(str(kind).lower())
+    k = base.replace("-", "").replace("_", "")
     k = {"fthenb": "fthenb", "1f1b": "1f1b", "interleaved": "interleaved", "vpp": "interleaved",
          "interleave": "interleaved"}.get(k, k)
-    if k not in KINDS:
-        raise ScheduleArgumentError(n["kind"], kind, f"must be one of {', '.join(KINDS)}")
+    if k not in KINDS or (overlapped and k == "fthenb"):
+        raise ScheduleArgumentError(n["kind"], kind, f"must be one of {', '.join(KINDS)}, or "
+                                    f"1f1b{OVERLAP_SUFFIX} / interleaved{OVERLAP_SUFFIX}")
     for key, value, low in (("pp", pp, 2), ("vpp", vpp, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ScheduleArgumentError(n[key], value, f"must be an integer >= {low}")
@@ -72,12 +77,17 @@ def check_args(pp: int, vpp: int, microbatches: int, kind: str,
     if k == "1f1b" and vpp != 1:
         raise ScheduleArgumentError(n["vpp"], vpp, f"{n['kind']} 1f1b needs 1 "
                                     "(use interleaved for virtual stages)")
-    return k
+    return k + OVERLAP_SUFFIX if overlapped else k
 
 
 def generate(pp: int, vpp: int, microbatches: int, kind: str = "interleaved") -> Schedule:
-    """The compute-only schedule of `kind` (see module docstring) for the given shape."""
-    k = check_args(pp, vpp, microbatches, kind)
+    """The compute-only schedule of `kind` (see module docstring) for the given shape.
+
+    "1f1b-overlap" / "interleaved-overlap": that schedule with its steady-state F and B
+    paired into overlapped F&B steps (overlap.py)."""
+    k, overlapped = split_kind(check_args(pp, vpp, microbatches, kind))
+    if overlapped:
+        return overlap(generate(pp, vpp, microbatches, k))
     if k == "fthenb":
         return fthenb(pp, vpp, microbatches)
     if k == "1f1b":

@@ -7,7 +7,8 @@ Contract of a lowered rank list (what the runtime interpreter executes, in order
   rank received. On the last stage it also computes the loss.
 - ``B<c>.<m>``: backward of that forward; the output gradient comes from the loss on the
   last stage, otherwise from an earlier ``RG<c>.<m>``. Frees F's activations.
-- ``F..&B..``: both of the above as one overlapped step (inputs received before it).
+- ``F..&B..``: both of the above as one overlapped step (inputs received before it; a
+  model's ``overlapped_forward_backward`` runs it when it has one, else F then B).
 - ``SA<c>.<m>>p`` / ``SG<c>.<m>>p``: send F(c, m)'s output / B(c, m)'s input gradient
   to rank p. Always after the compute that made it; the tensor may be freed after.
 - ``RA<c>.<m><p`` / ``RG<c>.<m><p``: receive from rank p; always before the consumer.
@@ -22,6 +23,17 @@ computes; a rank whose next compute lacks an input waits; no rank ever waits jus
 send. The recorded transfers form one global sequence and every rank performs its own
 in that order, so the earliest unfinished transfer always has both sides waiting for
 it and nothing can hang. (`validate` proves it again by simulation.)
+
+Asynchronous p2p (``async_p2p=True``, pp_configs.overlap_p2p_comm): the runtime gives each
+directed link (sender, receiver) a communication thread that performs the link's
+transfers in list order while the computes run; a send waits for its producing compute,
+a compute only for its own receives. The order is then recorded under those semantics:
+each transfer at the first moment its tensor exists and its link is free, computing
+meanwhile, so a receive is posted as early as the order allows; each rank's list merges
+its computes and transfers by that start time. The same argument applies per link: the
+earliest transfer not yet done has its producer done (the producer's inputs came from
+earlier transfers) and both ends of its link waiting for it. The blocking order is also
+safe under threads (it only has more dependencies), just later.
 
 Placing transfers only where both ranks are idle costs nothing with comm = 0 for the
 generators here: the blocking run's makespan equals the unbounded-buffer ideal in all
@@ -55,19 +67,27 @@ from paddle_ext.pipeline.schedule.validate import check_compute
 __all__ = ["lower"]
 
 
-def lower(schedule: Schedule, costs: Optional[Costs] = None, grad_sync: bool = False) -> Schedule:
+def lower(schedule: Schedule, costs: Optional[Costs] = None, grad_sync: bool = False,
+          async_p2p: bool = False) -> Schedule:
     """Adds the sends/receives (and, with grad_sync, GS<c> points) to a compute-only
     schedule.
 
     `costs` (default F=1, B=2, comm=0) drive the run that places the transfers; the
     result is deadlock-free whatever the real costs turn out to be, they only move
-    where the waits fall.
+    where the waits fall. With async_p2p the order is made for a runtime whose
+    transfers run on communication threads (see "Asynchronous p2p" above); run and
+    check such a schedule with simulate/validate(..., async_p2p=True).
     """
     if schedule.lowered:
         raise schedule_error(schedule, "schedule is already lowered: lower() takes the "
                              "compute-only schedule (Schedule.compute_only())")
     check_compute(schedule)
     costs = costs or Costs()
+    if async_p2p:
+        out = _lower_threaded(schedule, costs)
+        if grad_sync:
+            out = [_with_grad_sync(acts) for acts in out]
+        return schedule.with_ranks(out)
     pp, ns, ranks = schedule.pp, schedule.num_stages, schedule.ranks
     needs = [[consumes(pp, ns, r, a) for a in acts] for r, acts in enumerate(ranks)]
     makes = [[produces(pp, ns, r, a) for a in acts] for r, acts in enumerate(ranks)]
@@ -127,6 +147,68 @@ def lower(schedule: Schedule, costs: Optional[Costs] = None, grad_sync: bool = F
     if grad_sync:
         out = [_with_grad_sync(acts) for acts in out]
     return schedule.with_ranks(out)
+
+
+def _lower_threaded(schedule: Schedule, costs: Costs) -> List[List[Action]]:
+    """The transfer order for communication threads, one per directed link (sender,
+    receiver): each transfer at the first moment its tensor exists and its link is free,
+    computing meanwhile; a compute waits only for its own inputs. Each rank's list then
+    holds its computes and its transfers merged by simulated start time (a transfer
+    before a compute that starts at the same moment)."""
+    pp, ns, ranks = schedule.pp, schedule.num_stages, schedule.ranks
+    needs = [[consumes(pp, ns, r, a) for a in acts] for r, acts in enumerate(ranks)]
+    makes = [[produces(pp, ns, r, a) for a in acts] for r, acts in enumerate(ranks)]
+    busy: List[Number] = [0] * pp      # compute stream free at
+    line: Dict[Tuple[int, int], Number] = {}  # directed link (src, dst) free at
+    ptr = [0] * pp
+    arrived: List[Dict[Payload, Number]] = [{} for _ in range(pp)]
+    future: List[_Pending] = []
+    ready: List[_Pending] = []
+    times: List[Number] = [0]
+    events: List[List[Tuple[Number, int, int, Action]]] = [[] for _ in range(pp)]
+    seq = 0
+    done = 0
+    total = sum(len(a) for a in ranks)
+    comm = costs.comm
+    while times:
+        t = heapq.heappop(times)
+        while times and times[0] == t:
+            heapq.heappop(times)
+        while future and future[0][0][0] <= t:
+            insort(ready, heapq.heappop(future))
+        kept = []
+        for item in ready:
+            _key, p, src, dst, send, recv = item
+            if line.get((src, dst), 0) <= t:
+                events[src].append((t, 0, seq, send))
+                events[dst].append((t, 0, seq, recv))
+                seq += 1
+                arrived[dst][p] = t + comm
+                if comm:
+                    line[(src, dst)] = t + comm
+                    heapq.heappush(times, t + comm)
+            else:
+                kept.append(item)
+        ready = kept
+        for r in range(pp):
+            i = ptr[r]
+            if busy[r] > t or i >= len(ranks[r]):
+                continue
+            if any(arrived[r].get(p, t + 1) > t for p in needs[r][i]):
+                continue
+            a = ranks[r][i]
+            end = t + costs.of(pp, r, a)
+            events[r].append((t, 1, 0, a))
+            busy[r] = end
+            ptr[r] += 1
+            done += 1
+            heapq.heappush(times, end)
+            for p in makes[r][i]:
+                heapq.heappush(future, _pending(pp, p, end))
+    if done < total or future or ready:
+        simulate(schedule, costs)  # raises the deadlock error with the waiting chain
+        raise schedule_error(schedule, "lowering could not finish the schedule")
+    return [[a for *_order, a in sorted(ev, key=lambda e: e[:3])] for ev in events]
 
 
 _Pending = Tuple[Tuple[Number, int, int, int], Payload, int, int, Action, Action]

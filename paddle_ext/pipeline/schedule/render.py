@@ -185,9 +185,11 @@ def plot_timeline(result: SimResult, path: str, title: Optional[str] = None) -> 
                                facecolors=[_shade(colour(p.mb), p.chunk, sched.vpp)],
                                edgecolor="black", linewidth=0.4,
                                hatch="///" if type(p).__name__ == "B" else None)
-            if dur * 72 * 0.85 * fig_w / makespan > 3.2 * len(str(s.action)):  # fits
-                ax.text(start + dur / 2, y, str(s.action), ha="center", va="center",
-                        fontsize=5)
+            width_pt = dur * 72 * 0.85 * fig_w / makespan
+            for k, p in enumerate(parts):  # an F&B gets one label per half
+                if width_pt > 3.2 * len(str(p)):  # fits
+                    ax.text(start + dur / 2, y - 0.4 + (k + 0.5) * 0.8 / n, str(p),
+                            ha="center", va="center", fontsize=5 if n == 1 else 4.5)
     ax.set_yticks(range(sched.pp))
     ax.set_yticklabels([f"rank {sched.pp - 1 - y}" for y in range(sched.pp)])
     ax.set_xlim(0, makespan)
@@ -196,11 +198,14 @@ def plot_timeline(result: SimResult, path: str, title: Optional[str] = None) -> 
     ax.set_title(title or f"{sched.kind}: pp={sched.pp} vpp={sched.vpp} "
                  f"microbatches={sched.microbatches}, makespan {makespan:g}, "
                  f"bubble {bubble:.1%}")
-    ax.legend(handles=[Patch(facecolor="0.5", label="F"),
-                       Patch(facecolor="0.5", hatch="///", label="B"),
-                       Patch(facecolor="0.85", label="lighter = later chunk")],
-              loc="upper center", bbox_to_anchor=(0.5, -0.18), fontsize=7, ncol=3,
-              frameon=False)
+    handles = [Patch(facecolor="0.5", label="F"),
+               Patch(facecolor="0.5", hatch="///", label="B"),
+               Patch(facecolor="0.85", label="lighter = later chunk")]
+    if any(len(computes(a)) == 2 for acts in sched.ranks for a in acts):
+        handles.append(Patch(facecolor="white", edgecolor="black",
+                             label="F&B: one overlapped step (F lower half, B upper)"))
+    ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.3), fontsize=7,
+              ncol=len(handles), frameon=False)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

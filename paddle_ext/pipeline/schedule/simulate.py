@@ -1,7 +1,7 @@
 """Cost-model simulation of a schedule: start/end of every action, makespan, bubble,
 peak in-flight activations.
 
-Two execution semantics, chosen by the schedule itself:
+Three execution semantics, chosen by the schedule and `async_p2p`:
 
 - a *lowered* schedule (one with communication actions) runs with blocking
   point-to-point semantics, as on gloo: a send and its matching receive (matched in
@@ -9,6 +9,11 @@ Two execution semantics, chosen by the schedule itself:
   ``max(time the sender posts, time the receiver posts) + comm``. Compute actions
   only wait for the rank's previous action: their inputs arrived through earlier
   receives.
+- a lowered schedule with ``async_p2p=True`` runs as with communication threads
+  (pp_configs.overlap_p2p_comm), one per directed link (sender, receiver): a link's
+  transfers, in list order, meet as above on its thread, a send once its producing
+  compute has ended; the computes, in list order, each wait only for their own
+  receives. A transfer's span starts when its side posted it.
 - a *compute-only* schedule runs with dataflow semantics and unbounded buffers: an
   action starts when its rank is free and its inputs from other ranks exist (their
   producer's end + comm). This is the ideal that `lower` aims the blocking run at.
@@ -27,7 +32,7 @@ from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
-from paddle_ext.pipeline.schedule.flow import Payload, consumes, match_channels, produces
+from paddle_ext.pipeline.schedule.flow import Payload, consumes, match_channels, payload, produces
 from paddle_ext.pipeline.schedule.ir import (
     FB,
     Action,
@@ -49,7 +54,8 @@ __all__ = ["Number", "Costs", "Span", "SimResult", "simulate", "peak_in_flight"]
 @dataclass(frozen=True)
 class Costs:
     """Per-action costs. `forward`/`backward`: one chunk of one micro-batch; `comm`: one
-    send/recv pair; `overlap`: an FB action (default: its F plus its B).
+    send/recv pair; `overlap`: an FB action; `overlap_ratio`: an FB action as a fraction
+    of its F plus its B (e.g. 0.7). Default for FB: its F plus its B.
 
     Overrides, most specific first: `per_action[(rank, action)]`, then
     `per_stage[global_stage] = (forward, backward)` (for per-chunk costs, list every
@@ -60,6 +66,7 @@ class Costs:
     backward: Number = 2
     comm: Number = 0
     overlap: Optional[Number] = None
+    overlap_ratio: Optional[Number] = None
     per_stage: Mapping[int, Tuple[Number, Number]] = field(default_factory=dict)
     per_action: Mapping[Tuple[int, Action], Number] = field(default_factory=dict)
 
@@ -72,6 +79,11 @@ class Costs:
                    if computes(k[1])]
         if self.overlap is not None:
             checks.append(("overlap", self.overlap))
+        if self.overlap_ratio is not None:
+            checks.append(("overlap_ratio", self.overlap_ratio))
+        if self.overlap is not None and self.overlap_ratio is not None:
+            raise ValueError("costs: give overlap (absolute) or overlap_ratio (fraction of F + B), "
+                             "not both")
         for name, value in checks:
             if not value > 0:
                 raise ValueError(f"cost {name} = {value!r}: compute costs must be > 0")
@@ -96,7 +108,8 @@ class Costs:
     @property
     def uniform(self) -> bool:
         """No per-stage or per-action overrides and no special FB cost."""
-        return not self.per_stage and not self.per_action and self.overlap is None
+        return (not self.per_stage and not self.per_action and self.overlap is None
+                and self.overlap_ratio in (None, 1))
 
     def of(self, pp: int, rank: int, action: Action) -> Number:
         t = type(action)
@@ -109,7 +122,8 @@ class Costs:
         if t is FB:
             if self.overlap is not None:
                 return self.overlap
-            return self.of(pp, rank, action.f) + self.of(pp, rank, action.b)
+            both = self.of(pp, rank, action.f) + self.of(pp, rank, action.b)
+            return both if self.overlap_ratio is None else self.overlap_ratio * both
         fwd, bwd = self.per_stage.get(stage_of(pp, rank, action.chunk),
                                       (self.forward, self.backward))
         return fwd if isinstance(action, F) else bwd
@@ -137,7 +151,7 @@ def _ratio(a: Number, b: Number) -> Number:
 class SimResult:
     schedule: Schedule
     costs: Costs
-    mode: str  # "blocking" (lowered) or "dataflow" (compute only)
+    mode: str  # "blocking" / "threaded" (lowered; async_p2p) or "dataflow" (compute only)
     spans: Tuple[Tuple[Span, ...], ...]
     makespan: Number
     busy: Tuple[Number, ...]
@@ -196,10 +210,14 @@ def peak_in_flight(actions: Sequence[Action]) -> int:
     return peak
 
 
-def simulate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:
-    """Runs `schedule` under `costs` (default F=1, B=2, comm=0); see module docstring."""
+def simulate(schedule: Schedule, costs: Optional[Costs] = None,
+             async_p2p: bool = False) -> SimResult:
+    """Runs `schedule` under `costs` (default F=1, B=2, comm=0); see module docstring.
+    async_p2p: a lowered schedule's transfers run on a communication thread per rank."""
     costs = costs or Costs()
-    if schedule.lowered:
+    if schedule.lowered and async_p2p:
+        spans, mode = _run_threaded(schedule, costs), "threaded"
+    elif schedule.lowered:
         spans, mode = _run_blocking(schedule, costs), "blocking"
     else:
         spans, mode = _run_dataflow(schedule, costs), "dataflow"
@@ -244,6 +262,90 @@ def _run_blocking(schedule: Schedule, costs: Costs) -> List[List[Span]]:
     if any(ptr[r] < len(ranks[r]) for r in range(pp)):
         raise _deadlock(schedule, ptr, lambda r: partner[(r, ptr[r])][0])
     return spans
+
+
+def _run_threaded(schedule: Schedule, costs: Costs) -> List[List[Span]]:
+    """Computes (and GS) in list order on each rank, each starting once its receives are
+    done; transfers on one communication thread per directed link (sender, receiver),
+    in list order, a send once its producer is done, both sides meeting as in the
+    blocking run."""
+    partner = match_channels(schedule)
+    pp, ns, ranks = schedule.pp, schedule.num_stages, schedule.ranks
+    comp = [[i for i, a in enumerate(acts) if not isinstance(a, Comm)] for acts in ranks]
+    links: Dict[Tuple[int, int, bool], List[int]] = {}  # (rank, peer, sends) -> steps
+    recv_at: Dict[Tuple[int, Payload], int] = {}
+    made_by: Dict[Tuple[int, Payload], int] = {}
+    for r, acts in enumerate(ranks):
+        for i, a in enumerate(acts):
+            if isinstance(a, Comm):
+                links.setdefault((r, a.peer, a.is_send), []).append(i)
+                if not a.is_send:
+                    recv_at[(r, payload(pp, r, a))] = i
+            elif computes(a):
+                for p in produces(pp, ns, r, a):
+                    made_by[(r, p)] = i
+    end: Dict[Tuple[int, int], Number] = {}
+    spans: List[List[Span]] = [[] for _ in range(pp)]
+    cp = [0] * pp
+    lp = {link: 0 for link in links}
+    busy: List[Number] = [0] * pp
+    line: Dict[Tuple[int, int], Number] = {}  # directed link (src, dst) free at
+    moved = True
+    while moved:
+        moved = False
+        for r in range(pp):
+            acts = ranks[r]
+            while cp[r] < len(comp[r]):
+                i = comp[r][cp[r]]
+                waits = [recv_at[(r, p)] for p in consumes(pp, ns, r, acts[i])]
+                if any((r, j) not in end for j in waits):
+                    break
+                start = max([busy[r]] + [end[(r, j)] for j in waits])
+                end[(r, i)] = busy[r] = start + costs.of(pp, r, acts[i])
+                spans[r].append(Span(r, i, acts[i], start, busy[r]))
+                cp[r] += 1
+                moved = True
+        for (r, q, sends), steps in links.items():
+            if not sends:
+                continue  # each transfer is driven from its sending side
+            back = links.get((q, r, False), [])
+            while lp[(r, q, True)] < len(steps):
+                i = steps[lp[(r, q, True)]]
+                _, j = partner[(r, i)]
+                if lp.get((q, r, False), 0) >= len(back) or back[lp[(q, r, False)]] != j:
+                    break  # the receiver's thread has not reached it yet
+                producer = made_by[(r, payload(pp, r, ranks[r][i]))]
+                if (r, producer) not in end:
+                    break
+                posted_s = max(line.get((r, q), 0), end[(r, producer)])
+                posted_d = line.get((r, q), 0)
+                finish = max(posted_s, posted_d) + max(costs.of(pp, r, ranks[r][i]),
+                                                       costs.of(pp, q, ranks[q][j]))
+                spans[r].append(Span(r, i, ranks[r][i], posted_s, finish))
+                spans[q].append(Span(q, j, ranks[q][j], posted_d, finish))
+                end[(r, i)] = end[(q, j)] = line[(r, q)] = finish
+                lp[(r, q, True)] += 1
+                lp[(q, r, False)] += 1
+                moved = True
+    stuck = [r for r in range(pp)
+             if cp[r] < len(comp[r]) or any(lp[k] < len(v) for k, v in links.items() if k[0] == r)]
+    if stuck:
+        marks, parts = [], []
+        for r in stuck:
+            where = []
+            if cp[r] < len(comp[r]):
+                marks.append((r, comp[r][cp[r]]))
+                where.append(f"computes wait in {ranks[r][comp[r][cp[r]]]} (step {comp[r][cp[r]]})")
+            for (rr, q, sends), steps in sorted(links.items()):
+                if rr == r and lp[(rr, q, sends)] < len(steps):
+                    k = steps[lp[(rr, q, sends)]]
+                    marks.append((r, k))
+                    where.append(f"its thread {'to' if sends else 'from'} rank {q} waits in "
+                                 f"{ranks[r][k]} (step {k})")
+            parts.append(f"rank {r}: " + ", ".join(where))
+        raise schedule_error(schedule, "deadlock with communication threads: "
+                             + "; ".join(parts) + ".", sorted(marks))
+    return [sorted(row, key=lambda sp: sp.index) for row in spans]
 
 
 def _run_dataflow(schedule: Schedule, costs: Costs) -> List[List[Span]]:

@@ -11,7 +11,8 @@ sentence, then the rank x step grid with the offending action marked `[..]!`):
 4. (lowered) sends and receives pair up in order on every directed rank pair, with
    equal payloads;
 5. the schedule runs to the end (simulate.py: blocking point-to-point when lowered,
-   dataflow when compute-only): no deadlock;
+   or a communication thread per rank with async_p2p; dataflow when compute-only):
+   no deadlock;
 6. in simulated time, F of stage s starts after F of stage s-1 ended, B of stage s
    after B of stage s+1, and the last stage's B after its own F.
 
@@ -42,12 +43,15 @@ from paddle_ext.pipeline.schedule.simulate import Costs, SimResult, simulate
 __all__ = ["validate", "check_compute", "check_comm"]
 
 
-def validate(schedule: Schedule, costs: Optional[Costs] = None) -> SimResult:
-    """Runs every check in the module docstring; returns the simulation that finished."""
+def validate(schedule: Schedule, costs: Optional[Costs] = None,
+             async_p2p: bool = False) -> SimResult:
+    """Runs every check in the module docstring; returns the simulation that finished.
+    async_p2p: step 5 runs the lowered lists with a communication thread per rank
+    (the semantics `lower(..., async_p2p=True)` orders the transfers for)."""
     check_compute(schedule)
     if schedule.lowered:
         check_comm(schedule)
-    result = simulate(schedule, costs)  # channel matching and deadlock detection
+    result = simulate(schedule, costs, async_p2p)  # channel matching and deadlock detection
     _check_times(schedule, result)
     return result
 
