@@ -6,6 +6,19 @@ action list in order, keeping for each (chunk, micro-batch) only what its
 backward still needs. Sent activations have their data freed at once (the
 autograd graph keeps working without it), so a rank holds no more activations
 than the simulator's peak in-flight count for that rank.
+
+Two ways to run a chunk:
+
+- plain: the StageProgram's `forward`, then autograd over the whole chunk;
+- schedule nodes (the forward/backward overlap scheduler, upstream #71995): the
+  chunk is a ScheduleChunk (`schedule_chunk`), the loss a loss node
+  (`loss_node`), and an `F..&B..` step calls the model's
+  `overlapped_forward_backward` with upstream's arguments. Without that method an
+  F&B runs as its F then its B.
+
+Two ways to communicate: in list order on this thread (blocking send/recv), or
+with `async_links` on communication threads (async_p2p.py), one per directed
+link, that run the transfers in the list's order while this thread computes.
 """
 
 from __future__ import annotations
@@ -16,10 +29,12 @@ from typing import Any, Callable, Optional, Sequence
 
 import paddle
 
+from paddle_ext.pipeline.runtime.async_p2p import CommThread, CommThreadError
 from paddle_ext.pipeline.runtime.transport import P2P, PayloadMeta, TensorMeta, as_tuple
 from paddle_ext.pipeline.schedule.ir import (
     FB,
     B,
+    Comm,
     F,
     GradSync,
     RecvAct,
@@ -45,12 +60,24 @@ class StageProgram:
     first_input: Callable[[int], Any]              # mb -> input payload of global stage 0
     backward_loss: Callable[[paddle.Tensor], None] # runs backward from a loss (scaler aware)
     on_grad_sync: Callable[[int], None] = lambda chunk: None
+    # Schedule nodes (all three or none): chunk -> ScheduleChunk; mb -> loss node with
+    # labels and scale set; the loss a loss node computed (detached) -> recorded.
+    schedule_chunk: Optional[Callable[[int], Any]] = None
+    loss_node: Optional[Callable[[int], Any]] = None
+    record_loss: Callable[[paddle.Tensor], None] = lambda loss: None
+    # The model's overlapped_forward_backward (bound), used for F&B steps in node mode.
+    overlapped_forward_backward: Optional[Callable[..., Any]] = None
+    scaler: Any = None
 
     def is_first(self, chunk: int) -> bool:
         return chunk == 0 and self.rank == 0
 
     def is_last(self, chunk: int) -> bool:
         return chunk == self.vpp - 1 and self.rank == self.pp - 1
+
+    @property
+    def uses_nodes(self) -> bool:
+        return self.schedule_chunk is not None
 
 
 @dataclass
@@ -59,8 +86,11 @@ class _Slot:
     outputs: Any = None
     loss: Optional[paddle.Tensor] = None
     output_grad_meta: list = field(default_factory=list)
+    output_is_tuple: bool = False
     output_grads: Optional[list] = None
     input_grads: Optional[list] = None
+    chunk: Any = None      # node mode: the ScheduleChunk that ran the forward
+    loss_node: Any = None  # node mode, last stage: the loss node
 
 
 def _requires_grad(payload: Any) -> list[paddle.Tensor]:
@@ -74,35 +104,116 @@ def _release(payload: Any) -> None:
             t._clear_dataptr()
 
 
+def _input_grads(inputs: Any, grads: Any) -> list[paddle.Tensor]:
+    """The gradients to send back for the inputs that need one, from a node backward's
+    tuple (one entry per input, None where there is none)."""
+    grads = as_tuple(grads)
+    inputs = as_tuple(inputs)
+    if len(grads) != len(inputs):
+        raise ValueError(f"the backward returned {len(grads)} input gradients for {len(inputs)} "
+                         "stage inputs")
+    return [g if g is not None else paddle.zeros_like(t)
+            for t, g in zip(inputs, grads) if isinstance(t, paddle.Tensor) and not t.stop_gradient]
+
+
+class P2PAsyncHandle:
+    """What `overlapped_forward_backward` gets as `p2p_async_handle` with
+    overlap_p2p_comm (upstream's P2PAsyncHandle interface):
+
+    - forward_handle_wait(): the forward's input is there (already, here: it is an
+      argument of the call);
+    - forward_async_comm(output_tensor): the forward's output may be sent now, while
+      the backward half computes;
+    - backward_handle_wait(): wait until the backward's output gradients
+      (`backward_input_grads`, received into while the forward ran) are complete;
+      call it before the first backward node reads them;
+    - backward_async_comm(input_tensor_grad): the backward's input gradients may be
+      sent now.
+    """
+
+    def __init__(self, forward_wait: Callable[[], None], forward_send: Callable[[Any], None],
+                 backward_wait: Callable[[], None], backward_send: Callable[[Any], None]) -> None:
+        self._forward_wait, self._forward_send = forward_wait, forward_send
+        self._backward_wait, self._backward_send = backward_wait, backward_send
+        self.forward_waited = self.forward_sent = False
+        self.backward_waited = self.backward_sent = False
+
+    def forward_handle_wait(self) -> None:
+        self._forward_wait()
+        self.forward_waited = True
+
+    def forward_async_comm(self, output_tensor: Any) -> None:
+        self._forward_send(output_tensor)
+        self.forward_sent = True
+
+    def backward_handle_wait(self) -> None:
+        self._backward_wait()
+        self.backward_waited = True
+
+    def backward_async_comm(self, input_tensor_grad: Any) -> None:
+        self._backward_send(input_tensor_grad)
+        self.backward_sent = True
+
+    # The spelling in #71995's description of the feature.
+    backwatd_async_comm = backward_async_comm
+
+
 class Interpreter:
-    def __init__(self, program: StageProgram, actions: Sequence[Any], transport: P2P) -> None:
+    def __init__(self, program: StageProgram, actions: Sequence[Any], transport: P2P,
+                 async_links: Optional[tuple[P2P, P2P]] = None) -> None:
+        """async_links: (to, from) transports over this rank's one-way link groups; given,
+        the transfers run on communication threads (async_p2p.py)."""
         self.program = program
         self.actions = list(actions)
         self.p2p = transport
+        self.async_links = async_links
+        self.comm: Optional[CommThread] = None
         self.slots: dict[tuple[int, int], _Slot] = {}
         self.in_flight = 0  # forwards done whose backward has not run: what the simulator counts
         self.peak_in_flight = 0
         # (position, action, start, end) in wall-clock seconds: ranks on one host share
-        # the clock, so their spans line up into one measured timeline.
+        # the clock, so their spans line up into one measured timeline. With async_p2p
+        # a transfer's span runs from when the thread posted it to when it finished.
         self.spans: list[tuple[int, Any, float, float]] = []
 
     def run(self) -> None:
         total = len(self.actions)
         clock = time.time
+        if self.async_links is not None:
+            send_p2p, recv_p2p = self.async_links
+            self.comm = CommThread(send_p2p, recv_p2p, self.actions, self.program.rank, _release,
+                                   clock).start()
         for position, action in enumerate(self.actions):
+            if self.comm is not None and isinstance(action, Comm):
+                continue  # the communication thread does it
             try:
                 start = clock()
                 self._step(action)
                 self.spans.append((position, action, start, clock()))
             except PipelineStepError:
+                self._abort()
                 raise
+            except CommThreadError as err:
+                self._abort()
+                raise PipelineStepError(str(err)) from err
             except Exception as err:
+                self._abort()
                 raise PipelineStepError(
                     f"pipeline rank {self.program.rank}: action {action} (position {position} of "
                     f"{total} in this rank's schedule) failed: {type(err).__name__}: {err}") from err
+        if self.comm is not None:
+            try:
+                self.comm.finish()
+            except CommThreadError as err:
+                raise PipelineStepError(str(err)) from err
+            self.spans = sorted(self.spans + self.comm.events, key=lambda s: s[0])
         if self.slots:
             left = ", ".join(f"{c}.{m}" for c, m in sorted(self.slots))
             raise PipelineStepError(f"pipeline rank {self.program.rank}: schedule ended with work left for {left}")
+
+    def _abort(self) -> None:
+        if self.comm is not None:
+            self.comm.abort()
 
     def _slot(self, chunk: int, mb: int) -> _Slot:
         return self.slots.setdefault((chunk, mb), _Slot())
@@ -113,14 +224,15 @@ class Interpreter:
         elif isinstance(action, B):
             self._backward(action.chunk, action.mb)
         elif isinstance(action, FB):
-            self._forward(action.f.chunk, action.f.mb)
-            self._backward(action.b.chunk, action.b.mb)
+            self._forward_backward(action.f, action.b)
         elif isinstance(action, RecvAct):
             self._slot(action.chunk, action.mb).inputs = self.p2p.recv_activation(("act", action.chunk), action.peer)
         elif isinstance(action, SendAct):
             slot = self.slots[(action.chunk, action.mb)]
             self.p2p.send_activation(("act", action.chunk), slot.outputs, action.peer)
-            slot.output_grad_meta = [m for m in PayloadMeta.of(slot.outputs).tensors if not m.stop_gradient]
+            meta = PayloadMeta.of(slot.outputs)
+            slot.output_grad_meta = [m for m in meta.tensors if not m.stop_gradient]
+            slot.output_is_tuple = meta.is_tuple
             _release(slot.outputs)
         elif isinstance(action, RecvGrad):
             slot = self.slots[(action.chunk, action.mb)]
@@ -133,39 +245,164 @@ class Interpreter:
         else:
             raise TypeError(f"unknown action {action!r}")
 
-    def _forward(self, chunk: int, mb: int) -> None:
-        prog = self.program
-        slot = self._slot(chunk, mb)
+    # --- inputs and outputs, on this thread or through the communication thread ----------
+    def _forward_input(self, chunk: int, mb: int) -> Any:
+        prog, slot = self.program, self._slot(chunk, mb)
         if prog.is_first(chunk):
             slot.inputs = prog.first_input(mb)
+        elif self.comm is not None:
+            slot.inputs = self.comm.activation(chunk, mb)
         elif slot.inputs is None:
             raise RuntimeError(f"F{chunk}.{mb} has no input: its receive did not run before it")
-        outputs = prog.forward(slot.inputs, chunk)
-        if prog.is_last(chunk):
-            slot.loss = prog.loss(outputs, mb)
-            slot.outputs = None
-        else:
-            slot.outputs = outputs
+        return slot.inputs
+
+    def _output_grads(self, chunk: int, mb: int) -> list:
+        slot = self.slots[(chunk, mb)]
+        if self.comm is not None:
+            slot.output_grads = self.comm.grads(chunk, mb)
+        elif slot.output_grads is None:
+            raise RuntimeError(f"B{chunk}.{mb} has no output gradient: its receive did not run before it")
+        return slot.output_grads
+
+    def _forward_done(self, chunk: int, mb: int, outputs: Any) -> None:
+        slot = self.slots[(chunk, mb)]
+        slot.outputs = outputs
+        if self.comm is not None and self.comm.has(SendAct, chunk, mb):
+            meta = self.comm.publish_activation(chunk, mb, outputs)
+            slot.output_grad_meta = [m for m in meta.tensors if not m.stop_gradient]
+            slot.output_is_tuple = meta.is_tuple
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
+
+    def _backward_done(self, chunk: int, mb: int, input_grads: Optional[list]) -> None:
+        slot = self.slots[(chunk, mb)]
+        if self.program.is_first(chunk):
+            self.slots.pop((chunk, mb))
+            return
+        slot.input_grads = input_grads
+        slot.inputs = slot.outputs = slot.loss = slot.output_grads = None
+        slot.chunk = slot.loss_node = None
+        if self.comm is not None:
+            self.slots.pop((chunk, mb))
+            self.comm.publish_grads(chunk, mb, input_grads)
+
+    # --- compute ----------------------------------------------------------------------
+    def _forward(self, chunk: int, mb: int) -> None:
+        prog = self.program
+        inputs = self._forward_input(chunk, mb)
+        slot = self.slots[(chunk, mb)]
+        if prog.uses_nodes:
+            slot.chunk = prog.schedule_chunk(chunk)
+            outputs = slot.chunk.forward(inputs)
+        else:
+            outputs = prog.forward(inputs, chunk)
+        if prog.is_last(chunk):
+            if prog.uses_nodes:
+                slot.loss_node = prog.loss_node(mb)
+                prog.record_loss(slot.loss_node.forward(outputs).detach())
+            else:
+                slot.loss = prog.loss(outputs, mb)
+            outputs = None
+        self._forward_done(chunk, mb, outputs)
 
     def _backward(self, chunk: int, mb: int) -> None:
         prog = self.program
         slot = self.slots[(chunk, mb)]
         self.in_flight -= 1
+        if prog.uses_nodes:
+            if prog.is_last(chunk):
+                grads = slot.loss_node.backward(scaler=prog.scaler)
+            else:
+                grads = self._grads_argument(chunk, mb, self._output_grads(chunk, mb))
+            input_grads = slot.chunk.backward(grads)
+            if not prog.is_first(chunk):
+                input_grads = _input_grads(slot.inputs, input_grads)
+            self._backward_done(chunk, mb, input_grads)
+            return
         if prog.is_last(chunk):
             prog.backward_loss(slot.loss)
         else:
-            if slot.output_grads is None:
-                raise RuntimeError(f"B{chunk}.{mb} has no output gradient: its receive did not run before it")
-            outputs = _requires_grad(slot.outputs)
-            paddle.autograd.backward(outputs, slot.output_grads)
-        if prog.is_first(chunk):
-            self.slots.pop((chunk, mb))
+            output_grads = self._output_grads(chunk, mb)
+            paddle.autograd.backward(_requires_grad(slot.outputs), output_grads)
+        input_grads = None
+        if not prog.is_first(chunk):
+            input_grads = [t.grad if t.grad is not None else paddle.zeros_like(t)
+                           for t in _requires_grad(slot.inputs)]
+        self._backward_done(chunk, mb, input_grads)
+
+    def _grads_argument(self, chunk: int, mb: int, grads: list) -> Any:
+        """Output gradients as upstream hands them to a node backward: a tuple for a tuple
+        payload, the tensor itself for a single one."""
+        return tuple(grads) if self.slots[(chunk, mb)].output_is_tuple else grads[0]
+
+    def _forward_backward(self, f: F, b: B) -> None:
+        prog = self.program
+        method = prog.overlapped_forward_backward
+        if not prog.uses_nodes or method is None:
+            self._forward(f.chunk, f.mb)
+            self._backward(b.chunk, b.mb)
             return
-        inputs = _requires_grad(slot.inputs)
-        slot.input_grads = [t.grad if t.grad is not None else paddle.zeros_like(t) for t in inputs]
-        slot.inputs = slot.outputs = slot.loss = slot.output_grads = None
+        forward_inputs = self._forward_input(f.chunk, f.mb)
+        fslot, bslot = self.slots[(f.chunk, f.mb)], self.slots[(b.chunk, b.mb)]
+        forward_chunk = prog.schedule_chunk(f.chunk)
+        forward_loss_fn_node = prog.loss_node(f.mb) if prog.is_last(f.chunk) else None
+        backward_loss_fn_node = bslot.loss_node if prog.is_last(b.chunk) else None
+        handle = None
+        grads_pending = False
+        if prog.is_last(b.chunk):
+            backward_input_grads = None
+        elif self.comm is not None and not self.comm.grads_done(b.chunk, b.mb):
+            # Upstream's contract: the buffers are filled once backward_handle_wait() returns.
+            grads_pending = True
+            backward_input_grads = self._grads_argument(b.chunk, b.mb,
+                                                        self.comm.grad_buffers(b.chunk, b.mb))
+        else:
+            backward_input_grads = self._grads_argument(b.chunk, b.mb, self._output_grads(b.chunk, b.mb))
+        if self.comm is not None:
+            handle = self._handle(f, b)
+        forward_outputs, forward_loss, backward_grads = method(
+            forward_chunk, forward_inputs, forward_loss_fn_node, bslot.chunk, backward_loss_fn_node,
+            backward_input_grads, prog.scaler, p2p_async_handle=handle)
+        if grads_pending and not handle.backward_waited:
+            raise RuntimeError(
+                "overlapped_forward_backward got a p2p_async_handle and returned without calling "
+                "backward_handle_wait(): with overlap_p2p_comm the output gradients are still being "
+                "received while it runs; call it before the first backward node")
+        # The forward half.
+        fslot.chunk = forward_chunk
+        if prog.is_last(f.chunk):
+            if forward_loss is None:
+                raise RuntimeError("overlapped_forward_backward returned forward_loss None on the last "
+                                   "stage: it must return forward_loss_fn_node.forward(outputs)")
+            fslot.loss_node = forward_loss_fn_node
+            prog.record_loss(forward_loss.detach())
+            forward_outputs = None
+        self._forward_done(f.chunk, f.mb, forward_outputs)
+        # The backward half: its activation is freed after the forward made its own.
+        self.in_flight -= 1
+        if self.comm is not None and grads_pending:
+            self.comm.grads(b.chunk, b.mb)  # done already (backward_handle_wait); re-raise errors
+        input_grads = None if prog.is_first(b.chunk) else _input_grads(bslot.inputs, backward_grads)
+        self._backward_done(b.chunk, b.mb, input_grads)
+
+    def _handle(self, f: F, b: B) -> P2PAsyncHandle:
+        prog, comm = self.program, self.comm
+        assert comm is not None
+
+        def forward_send(output_tensor: Any) -> None:
+            if not prog.is_last(f.chunk) and comm.has(SendAct, f.chunk, f.mb):
+                comm.publish_activation(f.chunk, f.mb, output_tensor)
+
+        def backward_wait() -> None:
+            if not prog.is_last(b.chunk):
+                comm.grads(b.chunk, b.mb)
+
+        def backward_send(input_tensor_grad: Any) -> None:
+            if not prog.is_first(b.chunk):
+                grads = _input_grads(self.slots[(b.chunk, b.mb)].inputs, input_tensor_grad)
+                comm.publish_grads(b.chunk, b.mb, grads)
+
+        return P2PAsyncHandle(lambda: None, forward_send, backward_wait, backward_send)
 
 
 def input_grad_meta(payload: Any) -> list[TensorMeta]:

@@ -131,9 +131,13 @@ class P2P:
             self._send(g, peer)
 
     def recv_grads(self, like: Sequence[TensorMeta], peer: int) -> list[paddle.Tensor]:
-        grads = []
-        for m in like:
-            g = paddle.empty(list(m.shape), dtype=m.dtype)
+        return self.recv_grads_into(self.grad_buffers(like), peer)
+
+    @staticmethod
+    def grad_buffers(like: Sequence[TensorMeta]) -> list[paddle.Tensor]:
+        return [paddle.empty(list(m.shape), dtype=m.dtype) for m in like]
+
+    def recv_grads_into(self, buffers: Sequence[paddle.Tensor], peer: int) -> list[paddle.Tensor]:
+        for g in buffers:
             self._recv(g, peer)
-            grads.append(g)
-        return grads
+        return list(buffers)

@@ -1,8 +1,9 @@
 """Rank script: one pipeline rank raises inside forward or backward.
 
-Usage: pipeline_failure.py PP FAIL_RANK forward|backward
+Usage: pipeline_failure.py PP FAIL_RANK forward|backward [async]
 Every rank must end non-zero, the failing one naming itself, the action and
-its position in the schedule.
+its position in the schedule. async: with the forward/backward overlap
+scheduler and overlap_p2p_comm (communication threads).
 """
 
 import sys
@@ -15,6 +16,7 @@ import paddle_ext  # noqa: E402
 from examples.tiny_gpt import Block, batch, pipeline_model  # noqa: E402
 
 PP, FAIL_RANK, WHERE = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
+ASYNC = len(sys.argv) > 4 and sys.argv[4] == "async"
 M, MBS = 4, 2
 
 
@@ -47,10 +49,11 @@ Block.forward = failing_forward
 
 
 def main():
+    paddle_ext.enable()  # before the strategy: Paddle 2.6's protobuf lacks the async keys
     strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": PP}
+    pp_configs = {"forward_backward_overlap_scheduler": True, "overlap_p2p_comm": True} if ASYNC else {}
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": PP, "pp_configs": pp_configs}
     strategy.pipeline_configs = {"accumulate_steps": M, "micro_batch_size": MBS}
-    paddle_ext.enable()
     fleet.init(is_collective=True, strategy=strategy)
     model = fleet.distributed_model(pipeline_model(32, 16, 8, blocks=PP, pp=PP))
     opt = paddle.optimizer.SGD(0.1, parameters=model.parameters())

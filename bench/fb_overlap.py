@@ -1,0 +1,170 @@
+"""The forward/backward overlap scheduler on CPU: predicted gain against measured step times.
+
+pp=2 ranks on gloo (one thread each), examples/overlap_gpt.py (attention and MLP nodes,
+its overlapped_forward_backward interleaving them), the same micro-batches in every run:
+
+  plain          the interleaved schedule, no overlap
+  overlap        forward_backward_overlap_scheduler: steady-state F&B steps
+  overlap+async  the same with overlap_p2p_comm (communication threads)
+
+Printed: the median step time of each, and the simulator's prediction for the same
+schedules with the F, B and transfer costs measured in the plain run, (a) with an F&B
+that costs 0.7 * (F + B) (what a GPU reaches when one micro-batch's communication or
+memory-bound kernels hide behind the other's compute), and (b) with the F&B cost
+measured here. On a CPU with one thread per rank the two halves of an F&B share one
+core, so (b) is close to 1: the measured times should follow (b), not (a).
+
+    python bench/fb_overlap.py [--vpp 2] [--microbatches 8] [--hidden 256] [--steps 5]
+    python bench/fb_overlap.py --gpus 0,1 --hidden 2048 --seq 1024   # two GPUs, NCCL
+
+Every run also prints the last step's loss of each mode: they must be equal (bit for
+bit on CPU; on GPUs too unless a kernel accumulates with atomics).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+PP = 2
+MODES = ("plain", "overlap", "overlap+async")
+RATIO = 0.7
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--vpp", type=int, default=2)
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--micro-batch-size", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--gpus", default="", help="e.g. 0,1: run the ranks on these GPUs (NCCL) "
+                   "instead of CPU processes on gloo")
+    p.add_argument("--mode", choices=["launch", "rank"], default="launch")
+    p.add_argument("--out", default="")
+    return p.parse_args(argv)
+
+
+def rank(a) -> None:
+    import paddle
+    import paddle.distributed as dist
+    import paddle.distributed.fleet as fleet
+
+    import paddle_ext
+    from examples.overlap_gpt import overlap_model
+    from examples.tiny_gpt import pattern_batch
+    from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings
+    from paddle_ext.pipeline.schedule import FB, B, F
+
+    paddle_ext.enable()
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": PP}
+    strategy.pipeline_configs = {"accumulate_steps": a.microbatches, "micro_batch_size": a.micro_batch_size}
+    fleet.init(is_collective=True, strategy=strategy)
+    hcg = fleet.get_hybrid_communicate_group()
+    results = {}
+    for mode in MODES:
+        paddle.seed(0)
+        model = overlap_model(a.vocab, a.hidden, a.seq, blocks=PP * a.vpp, pp=PP, vpp=a.vpp, heads=a.heads)
+        settings = PipelineSettings(a.microbatches, a.micro_batch_size, fb_overlap=mode != "plain",
+                                    overlap_p2p=mode == "overlap+async")
+        engine = PipelineEngine(model, hcg, settings)
+        opt = paddle.optimizer.AdamW(1e-3, parameters=model.parameters())
+        times = []
+        for step in range(a.steps + 1):
+            ids, labels = pattern_batch(step, a.microbatches * a.micro_batch_size, a.seq, a.vocab)
+            dist.barrier()
+            start = time.perf_counter()
+            loss = engine.train_batch([ids, labels], opt)
+            loss = float(loss)  # waits for the device
+            times.append(time.perf_counter() - start)
+        spans = engine.last_step.spans
+        gathered: list = []
+        dist.all_gather_object(gathered, [(p, str(act), s, e) for p, act, s, e in spans], group=engine.pp_group)
+        fb = [e - s for p, act, s, e in spans if isinstance(act, FB)]
+        f = [e - s for p, act, s, e in spans if isinstance(act, F)]
+        b = [e - s for p, act, s, e in spans if isinstance(act, B)]
+        results[mode] = {"step": statistics.median(times[1:]), "spans": gathered, "loss": loss,
+                         "fb": statistics.median(fb) if fb else None,
+                         "f": statistics.median(f) if f else None, "b": statistics.median(b) if b else None,
+                         "schedule": engine.schedule().to_text()}
+    if dist.get_rank() == 0:
+        with open(a.out, "w") as fh:
+            json.dump(results, fh)
+
+
+def report(a, results) -> None:
+    from paddle_ext.pipeline.schedule import Costs, Schedule, parse_action, simulate
+    from paddle_ext.pipeline.timeline import measured_costs
+
+    def spans_of(mode):
+        return [[(p, parse_action(act), s, e) for p, act, s, e in row] for row in results[mode]["spans"]]
+
+    plain = Schedule.from_text(results["plain"]["schedule"])
+    over = Schedule.from_text(results["overlap"]["schedule"])
+    threaded = Schedule.from_text(results["overlap+async"]["schedule"])
+    costs = measured_costs(plain, spans_of("plain"))
+    base = simulate(plain, costs).makespan
+    measured_ratio = results["overlap"]["fb"] / (results["overlap"]["f"] + results["overlap"]["b"])
+
+    def predicted(schedule, ratio, threads=False):
+        c = Costs(costs.forward, costs.backward, costs.comm, overlap_ratio=ratio, per_stage=costs.per_stage)
+        return simulate(schedule, c, async_p2p=threads).makespan
+
+    t_plain = results["plain"]["step"]
+    where = f"GPUs {a.gpus}, NCCL" if a.gpus else "gloo, 1 thread per rank"
+    print(f"fb_overlap: pp={PP} vpp={a.vpp} M={a.microbatches} hidden={a.hidden} seq={a.seq} "
+          f"micro_batch={a.micro_batch_size}, {where}")
+    losses = {mode: results[mode]["loss"] for mode in MODES}
+    print("last step's loss: " + ", ".join(f"{mode} {loss!r}" for mode, loss in losses.items())
+          + (" (equal)" if len(set(losses.values())) == 1 else " (DIFFERENT)"))
+    print(f"measured costs (plain run): F {costs.forward * 1e3:.2f} ms, B {costs.backward * 1e3:.2f} ms, "
+          f"transfer {costs.comm * 1e3:.2f} ms per chunk and micro-batch; measured F&B = "
+          f"{measured_ratio:.2f} x (F + B)")
+    print(f"{'':16}{'measured step':>15}{'gain':>8}{'predicted, F&B=0.7(F+B)':>26}{'gain':>8}"
+          f"{'predicted, F&B measured':>26}{'gain':>8}")
+    for mode, schedule, threads in (("plain", plain, False), ("overlap", over, False),
+                                    ("overlap+async", threaded, True)):
+        t = results[mode]["step"]
+        p07 = base if mode == "plain" else predicted(schedule, RATIO, threads)
+        pm = base if mode == "plain" else predicted(schedule, measured_ratio, threads)
+        print(f"{mode:16}{t * 1e3:12.1f} ms{1 - t / t_plain:8.1%}{p07 * 1e3:23.1f} ms{1 - p07 / base:8.1%}"
+              f"{pm * 1e3:23.1f} ms{1 - pm / base:8.1%}")
+    print("(predictions: the simulator on each run's own schedule with the plain run's measured costs; "
+          "steps add the optimizer and loss broadcast, which the schedule does not contain)")
+
+
+def launch(a) -> None:
+    env = dict(os.environ) if a.gpus else {**os.environ, "OMP_NUM_THREADS": "1", "PADDLE_EXT_NUM_THREADS": "1"}
+    devices = ["--gpus", a.gpus] if a.gpus else ["--nproc_per_node", str(PP)]
+    tmp = tempfile.mkdtemp(prefix="fb_overlap_bench_")
+    out = os.path.join(tmp, "results.json")
+    args = [f"--vpp={a.vpp}", f"--microbatches={a.microbatches}", f"--micro-batch-size={a.micro_batch_size}",
+            f"--hidden={a.hidden}", f"--heads={a.heads}", f"--seq={a.seq}", f"--vocab={a.vocab}",
+            f"--steps={a.steps}"]
+    subprocess.run([sys.executable, "-m", "paddle.distributed.launch", *devices,
+                    "--log_dir", os.path.join(tmp, "logs"), os.path.abspath(__file__), "--mode=rank",
+                    f"--out={out}", *args], env=env, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=900)
+    with open(out) as fh:
+        report(a, json.load(fh))
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    (rank if a.mode == "rank" else launch)(a)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,236 @@
+"""Rank script: the forward/backward overlap scheduler against plain runs, bit for bit.
+
+For each VPP:M pair, without and with an AMP GradScaler, every rank trains
+examples/overlap_gpt.py for STEPS Adam steps in several ways and compares this
+rank's losses, parameter grads (every step) and parameters (at the end):
+
+  ref      the same model in this one process (micro-batches in order)
+  plain    the pipeline engine without the overlap scheduler
+  overlap  forward_backward_overlap_scheduler: F&B steps through the model's
+           overlapped_forward_backward (attention/MLP nodes interleaved)
+  async    overlap + overlap_p2p_comm: transfers on a communication thread; the
+           step's recorded events must show activation receives posted before the
+           compute ahead of their consumer had finished
+  nomethod the flag on, a PipelineLayer without overlapped_forward_backward: one
+           warning, each F&B as F then B
+
+plain and overlap must equal ref, and overlap must equal plain directly. The first
+run of the launch goes through fleet.distributed_model with pp_configs given as a
+PaddleNLP pipeline_parallel_config string.
+
+Usage: fb_overlap_parity.py PP VPP:M[,VPP:M...] MODE[,MODE...]
+       (VPP:Md: with delay_scale_loss; MODE: plain, overlap, async, nomethod; the
+       GradScaler runs only plain and overlap)
+"""
+
+import sys
+import warnings
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+import paddle.distributed.fleet as fleet
+
+sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
+import paddle_ext  # noqa: E402
+from examples.overlap_gpt import Reference, TiedEmbedding, overlap_model  # noqa: E402
+from examples.tiny_gpt import batch  # noqa: E402
+from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings  # noqa: E402
+from paddle_ext.pipeline.runtime.async_p2p import received_before  # noqa: E402
+from paddle_ext.pipeline.schedule import FB, overlap_pairs, simulate  # noqa: E402
+
+VOCAB, HIDDEN, SEQ, MBS, STEPS = 32, 16, 8, 2, 2
+NLP_CONFIG = "forward_backward_overlap_scheduler enable_overlap_p2p_comm"
+
+
+class GradRecorder:
+    """Wraps an optimizer: keeps a copy of every grad just before step()."""
+
+    def __init__(self, inner, params):
+        self.inner, self.params, self.grads = inner, params, None
+
+    def step(self):
+        self.grads = {k: (None if p.grad is None else p.grad.numpy().copy()) for k, p in self.params.items()}
+        self.inner.step()
+
+    def clear_grad(self, *args, **kwargs):
+        self.inner.clear_grad(*args, **kwargs)
+
+
+def rank_params(model, stage):
+    """(layer_id, is_head, param name) -> Parameter for the layers this rank holds."""
+    out = {}
+    for layer in model.sublayers():
+        if hasattr(layer, "layer_id"):
+            head = isinstance(layer, TiedEmbedding) and stage != 0
+            for name, p in layer.named_parameters():
+                out[(layer.layer_id, head, name)] = p
+    return out
+
+
+def equal(what, got, want):
+    if got is None and want is None:
+        return
+    assert got is not None and want is not None, f"{what}: one side has no value"
+    if not np.array_equal(got, want):
+        diff = np.max(np.abs(got.astype(np.float64) - want)) if got.shape == want.shape else "shape"
+        raise AssertionError(f"{what}: differs (max abs diff {diff})")
+
+
+def reference_run(keys, blocks, m, delay, use_scaler):
+    """Per step (loss, {key: grad}) and the final {key: param} of the single-process run."""
+    paddle.seed(0)
+    ref = Reference(VOCAB, HIDDEN, SEQ, blocks=blocks)
+    params = {k: getattr(ref.layer(k[0], k[1]), k[2].split(".")[0]).__getattr__(k[2].split(".")[1])
+              for k in keys}
+    opt = paddle.optimizer.Adam(1e-2, parameters=ref.parameters())
+    scaler = paddle.amp.GradScaler(init_loss_scaling=1024.0) if use_scaler else None
+    steps = []
+    for step in range(STEPS):
+        ids, labels = batch(step, m * MBS, SEQ, VOCAB)
+        total = paddle.zeros([])
+        for mb in range(m):
+            part = ref(ids[mb * MBS:(mb + 1) * MBS], labels[mb * MBS:(mb + 1) * MBS])
+            if m > 1 and not delay:
+                part = part / m
+            (scaler.scale(part) if scaler else part).backward()
+            total += part.detach()
+        if delay:
+            total = total / m
+        ref.tie_grads()
+        if delay:
+            for p in ref.parameters():
+                if p.grad is not None:
+                    p.grad.set_value(p.grad.scale(1.0 / m))
+        if scaler:
+            scaler.unscale_(opt)  # the pipeline's grads are unscaled inside scaler.step
+        steps.append((total.numpy(), {k: None if p.grad is None else p.grad.numpy().copy()
+                                      for k, p in params.items()}))
+        if scaler:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        opt.clear_grad()
+    return steps, {k: p.numpy().copy() for k, p in params.items()}
+
+
+def pipeline_run(hcg, vpp, m, mode, delay, use_scaler, via_fleet):
+    """Trains STEPS steps; returns (steps like reference_run, final params, engine, warnings)."""
+    pp, stage = hcg.get_pipe_parallel_world_size(), hcg.get_stage_id()
+    paddle.seed(0)
+    model = overlap_model(VOCAB, HIDDEN, SEQ, blocks=pp * vpp, pp=pp, vpp=vpp, overlapped=mode != "nomethod")
+    mine = rank_params(model, stage)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        if via_fleet:
+            engine = fleet.distributed_model(model)
+            assert isinstance(engine, PipelineEngine), type(engine)
+            assert engine.settings.fb_overlap and engine.settings.overlap_p2p, engine.settings
+            opt = fleet.distributed_optimizer(paddle.optimizer.Adam(1e-2, parameters=model.parameters()))
+        else:
+            settings = PipelineSettings(m, MBS, delay_scale_loss=delay, fb_overlap=mode != "plain",
+                                        overlap_p2p=mode == "async")
+            engine = PipelineEngine(model, hcg, settings)
+            opt = paddle.optimizer.Adam(1e-2, parameters=model.parameters())
+        recorder = GradRecorder(opt, mine)
+        scaler = fleet.distributed_scaler(paddle.amp.GradScaler(init_loss_scaling=1024.0)) if use_scaler else None
+        steps = []
+        for step in range(STEPS):
+            ids, labels = batch(step, m * MBS, SEQ, VOCAB)
+            loss = engine.train_batch([ids, labels], recorder, scaler=scaler)
+            steps.append((loss.numpy(), recorder.grads))
+    ours = [w for w in caught if "forward_backward_overlap_scheduler" in str(w.message)]
+    return steps, {k: p.numpy().copy() for k, p in mine.items()}, engine, ours
+
+
+def compare(tag, a, b):
+    (steps_a, params_a), (steps_b, params_b) = a, b
+    for step, ((loss_a, grads_a), (loss_b, grads_b)) in enumerate(zip(steps_a, steps_b)):
+        equal(f"{tag} step {step} loss", loss_a, loss_b)
+        for key in grads_b:
+            equal(f"{tag} step {step} grad of {key}", grads_a[key], grads_b[key])
+    for key in params_b:
+        equal(f"{tag} param {key} after {STEPS} steps", params_a[key], params_b[key])
+
+
+def check_async_trace(engine, stage, say):
+    """The step's events: activation receives posted before the compute ahead of their
+    consumer ended (the receive overlapped that compute)."""
+    rows = received_before(engine.last_step.spans)
+    early = [r for r in rows if r[1] < r[2]]
+    if stage == 0 and engine.vpp == 1:
+        assert not rows, rows  # the first stage of 1F1B receives no activations
+        return
+    assert rows, "no activation receives recorded"
+    # Each receive is posted once its link's previous transfer is done, normally well
+    # before: at least half of them (on a loaded machine a thread can be late).
+    assert early and 2 * len(early) >= len(rows), \
+        f"only {len(early)} of {len(rows)} receives were posted before the compute ahead of their consumer ended: {rows}"
+    lead = sorted(r[2] - r[1] for r in early)
+    say(f"async trace: {len(early)} of {len(rows)} activation receives posted before the compute "
+        f"ahead of their consumer ended (median lead {lead[len(lead) // 2] * 1e3:.2f} ms), "
+        f"e.g. {early[0][0]} posted {(early[0][2] - early[0][1]) * 1e3:.2f} ms before")
+
+
+def main():
+    pp = int(sys.argv[1])
+    pairs = []
+    for item in sys.argv[2].split(","):  # "V:M", or "V:Md" for delay_scale_loss
+        vpp, m = item.split(":")
+        pairs.append((int(vpp), int(m.rstrip("d")), m.endswith("d")))
+    modes = sys.argv[3].split(",")
+    strategy = fleet.DistributedStrategy()
+    paddle_ext.enable()  # before fleet.init; also makes the PaddleNLP string a valid pp_configs
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": pp, "pp_configs": NLP_CONFIG}
+    strategy.pipeline_configs = {"accumulate_steps": pairs[0][1], "micro_batch_size": MBS}
+    fleet.init(is_collective=True, strategy=strategy)
+    hcg = fleet.get_hybrid_communicate_group()
+    stage = hcg.get_stage_id()
+
+    def say(text):
+        print(f"rank {stage}: {text}", flush=True)
+
+    first = True
+    for vpp, m, delay in pairs:
+        for use_scaler in (False, True):
+            tag = f"pp={pp} vpp={vpp} M={m} scaler={use_scaler}" + (" delay_scale_loss" if delay else "")
+            runs = {}
+            keys = None
+            for mode in modes:
+                if use_scaler and mode not in ("plain", "overlap"):
+                    continue
+                via_fleet = first and mode == "async" and not delay
+                steps, params, engine, ours = pipeline_run(hcg, vpp, m, mode, delay, use_scaler, via_fleet)
+                first = first and not via_fleet
+                if keys is None:
+                    keys = list(params)
+                    ref = reference_run(keys, pp * vpp, m, delay, use_scaler)
+                compare(f"{tag} {mode} vs single process", (steps, params), ref)
+                runs[mode] = (steps, params)
+                sched = engine.schedule(m)
+                pairs_here = overlap_pairs(sched)[stage]
+                if mode == "plain":
+                    assert not any(isinstance(a, FB) for a in sched.ranks[stage]), sched.kind
+                else:
+                    assert sched.kind.endswith("-overlap"), sched.kind
+                    predicted = simulate(sched).peak_in_flight[stage]
+                    assert engine.last_step.peak_in_flight <= predicted, (engine.last_step.peak_in_flight, predicted)
+                if mode == "nomethod":
+                    assert len(ours) == 1, [str(w.message) for w in ours]
+                    say(f"{tag} nomethod: one warning: {ours[0].message}")
+                else:
+                    assert not ours, [str(w.message) for w in ours]
+                if mode == "async":
+                    check_async_trace(engine, stage, say)
+                say(f"{tag} {mode}{' (via fleet, pp_configs ' + repr(NLP_CONFIG) + ')' if via_fleet else ''}: "
+                    f"bitwise equal to the single-process run ({pairs_here} F&B steps on this rank)")
+            if "plain" in runs and "overlap" in runs:
+                compare(f"{tag} overlap vs plain", runs["overlap"], runs["plain"])
+                say(f"{tag}: overlap bitwise equal to plain")
+    dist.barrier()
+    say("all configurations passed")
+
+
+if __name__ == "__main__":
+    main()
