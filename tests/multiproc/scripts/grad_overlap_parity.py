@@ -1,0 +1,265 @@
+"""Rank script: dp / sharding gradient reduction of the pipeline engine (pp = 2).
+
+Usage: grad_overlap_parity.py DP SHARDING CONFIGS [scaler] [fb] [p2p]
+
+CONFIGS: comma-separated VPP:M:DELAY[:BUCKET_KB[:HIDDEN]] (DELAY 0/1:
+delay_scale_loss; BUCKET_KB: bucket size in KiB, 0 or absent: 128 MiB; HIDDEN: the
+model's width, default 16). For each config, on every rank:
+
+1. 3 Adam steps with overlap off, then the same with overlap on (fresh model and
+   optimizer, both through fleet.distributed_optimizer, so sharding uses Paddle's
+   DygraphShardingOptimizer): parameters must be bitwise equal (on and off run the
+   same collectives in the same order; only the timing differs).
+2. A single-process reference over the same global batch: each data-parallel
+   shard's gradients accumulated over its micro-batches, the tied embedding/head
+   gradients summed per shard, shards summed in the order of the collectives
+   (sharding pair first, then dp), scaled once by 1 / (dp * sharding) (and
+   1 / M under delay_scale_loss): parameters must be within REF_BOUND (see below)
+   of it after the 3 steps, and each step's loss equal this shard's reference loss.
+3. With overlap on, the recorded times of the last step (VPP, or small buckets):
+   every bucket of a chunk whose backward is not the last to finish on this rank
+   was handed to its group's communication thread before that last backward ended;
+   with HIDDEN >= 128 (backwards long enough that thread scheduling on a loaded
+   2-core machine cannot blur it) the first bucket of each such chunk also started
+   its all-reduce / reduce before then; with small buckets a bucket of every chunk
+   was handed over inside that chunk's own last backward (per-bucket launch).
+   (On gloo one thread per group issues the group's collectives one after another,
+   and each waits for the slowest rank of the group, so later buckets start when
+   the earlier ones finished: "handed over" is when this rank committed to it, and
+   on NCCL the moment it is enqueued on the communication stream.)
+
+`scaler`: an AMP GradScaler (loss scaling 2**10) through fleet.distributed_scaler on
+every config. `fb`: pp_configs.forward_backward_overlap_scheduler on every config;
+`p2p`: pp_configs.overlap_p2p_comm.
+
+Before the configs, the fleet path: the strategy's pp_configs given as a PaddleNLP
+pipeline_parallel_config string ("enable_dp_comm_overlap" / "enable_sharding_comm_
+overlap"), fleet.distributed_model must return the engine with overlap on, and one
+train_batch runs through it.
+"""
+
+import os
+import sys
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+import paddle.distributed.fleet as fleet
+
+sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
+import paddle_ext  # noqa: E402
+from examples.tiny_gpt import Embedding, Reference, batch, pipeline_model  # noqa: E402
+from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings  # noqa: E402
+from paddle_ext.pipeline.grad_sync import GradSyncSettings  # noqa: E402
+from paddle_ext.pipeline.schedule.ir import B, GradSync, computes  # noqa: E402
+
+VOCAB, SEQ, MBS, STEPS, PP = 32, 8, 2, 3, 2
+# The reference sums the shards' gradients in the collectives' order and scales them
+# with the same op, so on gloo (two-rank groups: one addition per element, which
+# commutes) it is expected to match bit for bit; the documented bound allows for a
+# backend whose reduction associates differently: a few float32 ulps on gradients,
+# which after 3 Adam steps (lr 1e-2, |update| <= lr) stays well within 1e-6.
+REF_BOUND = 1e-6
+
+
+def layer_params(model, stage):
+    out = {}
+    for layer in model.sublayers():
+        if hasattr(layer, "layer_id"):
+            head = isinstance(layer, Embedding) and stage != 0
+            for name, p in layer.named_parameters():
+                out[(layer.layer_id, head, name)] = p
+    return out
+
+
+def ref_param(ref, key):
+    layer_id, head, name = key
+    owner, attr = name.split(".")
+    return getattr(getattr(ref.layer(layer_id, head), owner), attr)
+
+
+def run_engine(hcg, vpp, m, delay, overlap, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh):
+    paddle.seed(0)
+    model = pipeline_model(VOCAB, hidden, SEQ, blocks=PP * vpp, pp=PP, vpp=vpp)
+    sync = GradSyncSettings(dp_overlap=overlap and dp > 1, sharding_overlap=overlap and sh > 1,
+                            bucket_mb=(bucket_kb / 1024.0) if bucket_kb else 128.0)
+    extra = {k: True for k, on in (("fb_overlap", fb), ("overlap_p2p", p2p)) if on}  # issue 4's settings
+    engine = PipelineEngine(model, hcg, PipelineSettings(m, MBS, delay_scale_loss=delay, grad_sync=sync, **extra))
+    opt = fleet.distributed_optimizer(paddle.optimizer.Adam(1e-2, parameters=model.parameters()))
+    scaler = fleet.distributed_scaler(paddle.amp.GradScaler(init_loss_scaling=1024.0)) if use_scaler else None
+    shard = hcg.get_data_parallel_rank() * sh + (hcg.get_sharding_parallel_rank() if sh > 1 else 0)
+    losses = []
+    for step in range(STEPS):
+        ids, labels = batch(step, dp * sh * m * MBS, SEQ, VOCAB)
+        rows = slice(shard * m * MBS, (shard + 1) * m * MBS)
+        losses.append(engine.train_batch([ids[rows], labels[rows]], opt, scaler=scaler).numpy())
+    params = {k: p.numpy().copy() for k, p in layer_params(model, hcg.get_stage_id()).items()}
+    return engine, params, losses
+
+
+def shard_grads(ref, ids, labels, m, delay, scaler):
+    """One shard's accumulated gradients (tied pair summed), and its loss."""
+    loss = paddle.zeros([])
+    for mb in range(m):
+        part = ref(ids[mb * MBS:(mb + 1) * MBS], labels[mb * MBS:(mb + 1) * MBS])
+        if m > 1 and not delay:
+            part = part / m
+        (scaler.scale(part) if scaler is not None else part).backward()
+        loss += part.detach()
+    if delay:
+        loss = loss / m
+    ref.tie_grads()
+    grads = {id(p): (None if p.grad is None else p.grad.numpy().copy()) for p in ref.parameters()}
+    ref.clear_gradients()
+    return grads, loss.numpy()
+
+
+def reference(vpp, m, delay, hidden, dp, sh, use_scaler):
+    """Parameters after STEPS steps and per-step, per-shard losses."""
+    ref = Reference(VOCAB, hidden, SEQ, blocks=PP * vpp)
+    opt = paddle.optimizer.Adam(1e-2, parameters=ref.parameters())
+    scaler = paddle.amp.GradScaler(init_loss_scaling=1024.0) if use_scaler else None
+    factor = 1.0 / (dp * sh) / (m if delay else 1)
+    losses = []
+    for step in range(STEPS):
+        ids, labels = batch(step, dp * sh * m * MBS, SEQ, VOCAB)
+        per_shard, step_losses = [], []
+        for k in range(dp * sh):
+            rows = slice(k * m * MBS, (k + 1) * m * MBS)
+            g, loss = shard_grads(ref, ids[rows], labels[rows], m, delay, scaler)
+            per_shard.append(g)
+            step_losses.append(loss)
+        losses.append(step_losses)
+        for p in ref.parameters():
+            gs = [g[id(p)] for g in per_shard]
+            if all(x is None for x in gs):
+                continue
+            gs = [np.zeros(p.shape, "float32") if x is None else x for x in gs]
+            # shard k = d * sh + s: the sharding pair (s) first, then dp (d)
+            total = None
+            for d in range(dp):
+                part = gs[d * sh]
+                for s in range(1, sh):
+                    part = part + gs[d * sh + s]
+                total = part if total is None else total + part
+            t = paddle.to_tensor(total)
+            if factor != 1.0:
+                t.scale_(factor)
+            p.grad.set_value(t) if p.grad is not None else p._copy_gradient_from(t)
+        if scaler is not None:
+            scaler.step(opt)
+            scaler.update()
+        else:
+            opt.step()
+        opt.clear_grad()
+    return ref, losses
+
+
+def check_overlap(engine, stage, small_buckets, strict):
+    """Recorded times of the last step: see the module docstring (3)."""
+    stats = engine._grad_sync.last
+    assert stats is not None and stats.overlap, stats
+    spans = engine.last_step.spans
+    last_b_end = {}
+    for _pos, action, _start, end in spans:
+        for part in computes(action):
+            if isinstance(part, B):
+                last_b_end[part.chunk] = max(last_b_end.get(part.chunk, 0.0), end)
+    order = [a.chunk for a in engine.schedule().ranks[stage] if isinstance(a, GradSync)]
+    final_chunk = max(last_b_end, key=last_b_end.get)
+    step_end = last_b_end[final_chunk]
+    records = [r for r in stats.records if r.chunk is not None]
+    assert records, stats
+    lines = []
+    for r in records:
+        lines.append(f"b{r.bucket}/c{r.chunk} ready {r.ready - step_end:+.4f} start {r.started - step_end:+.4f} "
+                     f"end {r.finished - step_end:+.4f}{' early' if r.early else ''}")
+    text = "\n".join(lines)
+    others = [r for r in records if r.chunk != final_chunk]
+    for r in others:
+        assert r.ready < step_end, (f"rank {stage}: bucket {r.bucket} of chunk {r.chunk} was handed over "
+                                    f"after the last backward (chunk {final_chunk}) ended\n{text}")
+    if strict:
+        for c in {r.chunk for r in others}:
+            first = min((r for r in others if r.chunk == c), key=lambda r: r.started)
+            assert first.started < step_end, (f"rank {stage}: the first bucket of chunk {c} started after the "
+                                               f"last backward (chunk {final_chunk}) ended\n{text}")
+    early_inside = [r for r in records if r.early and r.ready < last_b_end[r.chunk]]
+    if small_buckets:
+        missing = {r.chunk for r in records} - {r.chunk for r in early_inside}
+        assert not missing, f"rank {stage}: no bucket of chunk(s) {missing} handed over inside its last backward\n{text}"
+    if os.environ.get("GRAD_OVERLAP_VERBOSE"):
+        print(f"stage {stage} bucket times relative to the last backward's end:\n" + "\n".join(lines), flush=True)
+    started = sum(1 for r in others if r.started < step_end)
+    return (f"GS order {order}, {len(records)} chunk buckets, {len(others)} of chunks finishing earlier all handed "
+            f"over before the last backward ended ({started} started by then), {len(early_inside)} handed over "
+            f"inside their own chunk's last backward; finish() {stats.finish_seconds * 1e3:.1f} ms")
+
+
+def check_fleet_path(hcg, m, dp, sh, shard):
+    paddle.seed(0)
+    model = pipeline_model(VOCAB, 16, SEQ, blocks=PP, pp=PP)
+    engine = fleet.distributed_model(model)
+    assert isinstance(engine, PipelineEngine), type(engine)
+    sync = engine.settings.grad_sync
+    assert sync.dp_overlap == (sh == 1) and sync.sharding_overlap == (sh > 1), sync
+    assert engine._grad_sync is not None and engine._grad_sync.overlap
+    opt = fleet.distributed_optimizer(paddle.optimizer.Adam(1e-2, parameters=model.parameters()))
+    ids, labels = batch(100, dp * sh * m * MBS, SEQ, VOCAB)
+    rows = slice(shard * m * MBS, (shard + 1) * m * MBS)
+    engine.train_batch([ids[rows], labels[rows]], opt)
+    assert engine._grad_sync.last.overlap
+    print(f"rank {dist.get_rank()}: fleet path with pp_configs {'sharding' if sh > 1 else 'dp'} overlap ok",
+          flush=True)
+
+
+def main():
+    dp, sh = int(sys.argv[1]), int(sys.argv[2])
+    configs = []
+    for item in sys.argv[3].split(","):
+        parts = [int(x) for x in item.split(":")]
+        configs.append((parts[0], parts[1], bool(parts[2]), parts[3] if len(parts) > 3 else 0,
+                        parts[4] if len(parts) > 4 else 16))
+    flags = set(sys.argv[4:])
+    use_scaler, fb, p2p = "scaler" in flags, "fb" in flags, "p2p" in flags
+    paddle_ext.enable()  # first: the pp_configs string below is the plugin's to parse
+    strategy = fleet.DistributedStrategy()
+    words = "enable_sharding_comm_overlap" if sh > 1 else "enable_dp_comm_overlap"
+    strategy.hybrid_configs = {"dp_degree": dp, "mp_degree": 1, "pp_degree": PP, "sharding_degree": sh,
+                               "pp_configs": words}
+    strategy.pipeline_configs = {"accumulate_steps": configs[0][1], "micro_batch_size": MBS}
+    fleet.init(is_collective=True, strategy=strategy)
+    hcg = fleet.get_hybrid_communicate_group()
+    stage = hcg.get_stage_id()
+    me = dist.get_rank()
+    shard = hcg.get_data_parallel_rank() * sh + (hcg.get_sharding_parallel_rank() if sh > 1 else 0)
+    check_fleet_path(hcg, configs[0][1], dp, sh, shard)
+    for vpp, m, delay, bucket_kb, hidden in configs:
+        tag = (f"dp={dp} sharding={sh} vpp={vpp} M={m} delay_scale_loss={delay} bucket_kb={bucket_kb or 131072} "
+               f"hidden={hidden} scaler={use_scaler} fb={fb} p2p={p2p}")
+        _, off, off_losses = run_engine(hcg, vpp, m, delay, False, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh)
+        engine, on, on_losses = run_engine(hcg, vpp, m, delay, True, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh)
+        for key in off:
+            if not np.array_equal(off[key], on[key]):
+                diff = np.max(np.abs(off[key].astype(np.float64) - on[key]))
+                raise AssertionError(f"rank {me} {tag}: param {key} differs between overlap off and on "
+                                     f"(max abs diff {diff})")
+        ref, ref_losses = reference(vpp, m, delay, hidden, dp, sh, use_scaler)
+        worst = 0.0
+        for key, value in on.items():
+            want = ref_param(ref, key).numpy()
+            worst = max(worst, float(np.max(np.abs(value.astype(np.float64) - want))))
+        assert worst <= REF_BOUND, f"rank {me} {tag}: max abs diff {worst} to the reference > {REF_BOUND}"
+        if stage == PP - 1:
+            for step in range(STEPS):
+                assert np.array_equal(on_losses[step], ref_losses[step][shard]), (
+                    f"rank {me} {tag}: step {step} loss {on_losses[step]} != reference {ref_losses[step][shard]}")
+        note = ""
+        if vpp > 1 or bucket_kb:
+            note = check_overlap(engine, stage, small_buckets=bool(bucket_kb), strict=hidden >= 128)
+        print(f"rank {me}: {tag}: on == off bitwise; max abs diff to reference {worst:.3g}; {note}", flush=True)
+    print(f"rank {me}: all configs passed", flush=True)
+
+
+if __name__ == "__main__":
+    main()
