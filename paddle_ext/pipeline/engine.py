@@ -4,11 +4,19 @@ One engine for every schedule: it generates the schedule for (pp, vpp,
 accumulate_steps), lowers it once (cached per micro-batch count), and runs this
 rank's action list with the interpreter. train_batch / eval_batch keep fleet's
 signatures; the model is fleet's PipelineLayer, used as is.
+
+pp_configs.forward_backward_overlap_scheduler (upstream #71995) pairs the steady
+state's forwards and backwards into F&B steps; a PipelineLayer subclass that defines
+`overlapped_forward_backward` runs each pair through it, with upstream's schedule
+chunks and loss nodes (paddle_ext.pipeline.nodes). Without the method the engine
+warns once and runs each pair as its F then its B. pp_configs.overlap_p2p_comm moves
+the transfers onto communication threads (runtime/async_p2p.py).
 """
 
 from __future__ import annotations
 
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Optional
 
@@ -18,10 +26,10 @@ import paddle.distributed as dist
 from paddle_ext import compat
 from paddle_ext.pipeline.grad_sync import GradReducer, GradSyncSettings
 from paddle_ext.pipeline.microbatch import MicroBatches
-from paddle_ext.pipeline.runtime.groups import neighbour_groups
+from paddle_ext.pipeline.runtime.groups import link_groups, neighbour_groups
 from paddle_ext.pipeline.runtime.interpreter import Interpreter, StageProgram
 from paddle_ext.pipeline.runtime.transport import P2P
-from paddle_ext.pipeline.schedule import Schedule, generate, lower
+from paddle_ext.pipeline.schedule import OVERLAP_SUFFIX, Schedule, generate, lower
 
 
 @dataclass(frozen=True)
@@ -30,6 +38,8 @@ class PipelineSettings:
     micro_batch_size: int
     delay_scale_loss: bool = False
     kind: Optional[str] = None  # None: 1f1b for one virtual stage, interleaved otherwise
+    fb_overlap: bool = False    # pp_configs.forward_backward_overlap_scheduler
+    overlap_p2p: bool = False   # pp_configs.overlap_p2p_comm
     grad_sync: Optional[GradSyncSettings] = None  # dp/sharding reduction (pipeline/grad_sync.py)
 
     @classmethod
@@ -44,6 +54,8 @@ class PipelineSettings:
         return cls(accumulate_steps=int(pipeline["accumulate_steps"]),
                    micro_batch_size=int(pipeline["micro_batch_size"]),
                    delay_scale_loss=bool(pp_config(strategy, "delay_scale_loss")),
+                   fb_overlap=bool(pp_config(strategy, "forward_backward_overlap_scheduler")),
+                   overlap_p2p=bool(pp_config(strategy, "overlap_p2p_comm")),
                    grad_sync=GradSyncSettings.from_strategy(strategy))
 
 
@@ -73,19 +85,33 @@ class PipelineEngine(paddle.nn.Layer):
             raise ValueError(
                 f"accumulate_steps = {self.accumulate_steps} is not allowed: must be >= pp_degree = {self.num_stages}")
         self._p2p = P2P(neighbour_groups(hcg))
+        self._links: Optional[tuple[P2P, P2P]] = None
+        if settings.overlap_p2p:  # one-way groups for the communication threads
+            to, frm = link_groups(hcg)
+            self._links = (P2P(to), P2P(frm))
         self._schedules: dict[int, Schedule] = {}
         self.last_step: Optional[StepStats] = None
         # dp / sharding gradient reduction, overlapped with the backward (pipeline/grad_sync.py)
         self._grad_sync = GradReducer.for_engine(layers, hcg, self.accumulate_steps,
                                                  settings.delay_scale_loss, settings.grad_sync)
+        # Upstream's test: the method on the PipelineLayer's class, and the flag.
+        method = getattr(type(layers), "overlapped_forward_backward", None)
+        self.overlap_schedule_mode = settings.fb_overlap and method is not None
+        if settings.fb_overlap and method is None:
+            warnings.warn(
+                f"pp_configs.forward_backward_overlap_scheduler is on but {type(layers).__name__} "
+                "defines no overlapped_forward_backward: each overlapped F&B step runs as its "
+                "forward, then its backward", UserWarning, stacklevel=2)
 
     # the schedule ------------------------------------------------------------------
     def schedule(self, microbatches: Optional[int] = None) -> Schedule:
         m = microbatches or self.accumulate_steps
         if m not in self._schedules:
             kind = self.settings.kind or ("1f1b" if self.vpp == 1 else "interleaved")
+            if self.settings.fb_overlap and not kind.endswith(OVERLAP_SUFFIX):
+                kind += OVERLAP_SUFFIX
             self._schedules[m] = lower(generate(self.num_stages, self.vpp, m, kind),
-                                       grad_sync=self._grad_sync is not None)
+                                       async_p2p=self.settings.overlap_p2p, grad_sync=self._grad_sync is not None)
         return self._schedules[m]
 
     # training ----------------------------------------------------------------------
@@ -130,11 +156,43 @@ class PipelineEngine(paddle.nn.Layer):
                                loss=stage_loss, first_input=batches.inputs, backward_loss=backward_loss)
         if self._grad_sync is not None:
             program.on_grad_sync = self._grad_sync.on_grad_sync
+        if self.overlap_schedule_mode:
+            self._use_schedule_nodes(program, batches, loss_fn, scaler, losses)
         start = time.perf_counter()
-        interpreter = Interpreter(program, self.schedule(m).ranks[self.stage_id], self._p2p)
+        interpreter = Interpreter(program, self.schedule(m).ranks[self.stage_id], self._p2p,
+                                  async_links=self._links)
         interpreter.run()
         self.last_step = StepStats(time.perf_counter() - start, interpreter.peak_in_flight, m, interpreter.spans)
         return losses
+
+    def _use_schedule_nodes(self, program: StageProgram, batches: MicroBatches, loss_fn: Any,
+                            scaler: Any, losses: list) -> None:
+        """Runs chunks as upstream's schedule chunks and the loss as a loss node, and F&B
+        steps through the model's overlapped_forward_backward."""
+        from paddle_ext.pipeline import nodes
+
+        layers, m = self._layers, self.accumulate_steps
+        # The PipelineLayer's own get_schedule_chunk where it has one (Paddle 3.1+, the
+        # fb_overlap patch unit, or the user's override), else the same thing built here.
+        get_chunk = getattr(layers, "get_schedule_chunk", None)
+        vpp = self.vpp
+
+        def schedule_chunk(chunk: int) -> Any:
+            chunk_id = chunk if vpp > 1 else None
+            return get_chunk(chunk_id=chunk_id) if get_chunk is not None else nodes.schedule_chunk(layers, chunk_id)
+
+        def loss_node(mb: int) -> Any:
+            node = nodes.loss_node(loss_fn)
+            node.labels = batches.labels(mb)
+            if m > 1 and not self.settings.delay_scale_loss:
+                node.scale_loss_factor = m
+            return node
+
+        program.schedule_chunk = schedule_chunk
+        program.loss_node = loss_node
+        program.record_loss = losses.append
+        program.overlapped_forward_backward = layers.overlapped_forward_backward
+        program.scaler = scaler
 
     def _broadcast_loss(self, losses: list, per_microbatch: bool) -> paddle.Tensor:
         last = self.num_stages - 1
