@@ -55,7 +55,8 @@ class Slot:
     param: Any
     start: int
     numel: int
-    view: Any = None         # the buffer region, shaped like the parameter
+    buffer: Any = None       # the bucket's buffer
+    view: Any = None         # the buffer region, shaped like the parameter (never handed out)
     ptr: int = 0             # view.data_ptr(): the gradient is the view when their pointers agree
     main_grad: bool = False
     count: int = 0           # backward hooks seen in this step
@@ -65,11 +66,21 @@ class Slot:
     def grad(self) -> Any:
         return self.param.main_grad if self.main_grad else self.param.grad
 
+    def region(self) -> Any:
+        """A new tensor over this parameter's region of the buffer."""
+        view = self.buffer._slice(self.start, self.start + self.numel)
+        view.get_tensor()._set_dims(self.param.shape)
+        view.stop_gradient = True
+        return view
+
     def attach(self) -> None:
+        # A fresh tensor each time: the gradient shares its tensor with what it was
+        # copied from, and clear_grad(set_to_zero=False) (or main_grad._clear())
+        # releases that tensor's memory reference; the buffer and `view` keep theirs.
         if self.main_grad:
-            self.param.main_grad = self.view
+            self.param.main_grad = self.region()
         else:
-            self.param._copy_gradient_from(self.view)
+            self.param._copy_gradient_from(self.region())
 
 
 @dataclass(eq=False)
@@ -106,11 +117,9 @@ class GradBucket:
     def allocate(self) -> None:
         self.buffer = paddle.zeros([self.numel], dtype=self.dtype)
         for slot in self.slots:
-            view = self.buffer._slice(slot.start, slot.start + slot.numel)
-            view.get_tensor()._set_dims(slot.param.shape)
-            view.stop_gradient = True
-            slot.view = view
-            slot.ptr = view.data_ptr()
+            slot.buffer = self.buffer
+            slot.view = slot.region()
+            slot.ptr = slot.view.data_ptr()
             slot.main_grad = uses_main_grad(slot.param)
 
     def reset(self, microbatches: int) -> None:

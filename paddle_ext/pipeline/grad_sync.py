@@ -165,6 +165,7 @@ class GradReducer:
         self._next = 0
         self._in_step = False
         self._early = False
+        self._error: Optional[GradSyncError] = None
         self._learned = 0
         self._records: dict[int, BucketRecord] = {}
         self.last: Optional[SyncStats] = None
@@ -245,10 +246,16 @@ class GradReducer:
             if not self._in_step:
                 return
             if bucket.submitted:
-                raise GradSyncError(
-                    f"parameter {slot.param.name} received a gradient after its {bucket.label} was "
-                    "handed to the dp/sharding collectives: its use changed between steps; set "
-                    "GradSyncSettings(early_launch=False) to launch buckets at their chunk's GradSync only")
+                # Raised by finish(), before the optimizer could step on a partial sum (an
+                # exception raised inside a backward hook reaches the caller as a bare
+                # SystemError).
+                if self._error is None:
+                    self._error = GradSyncError(
+                        f"rank {compat.global_rank()}: parameter {slot.param.name} received a gradient after "
+                        f"its {bucket.label} was handed to the dp/sharding collectives: its use changed "
+                        "between steps; set GradSyncSettings(early_launch=False) to launch buckets at "
+                        "their chunk's GradSync only")
+                return
             bucket.take(slot, self.microbatches)
             if (self._early and bucket.chunk is not None and not bucket.ready and bucket.todo == 0
                     and bucket.eligible):  # late buckets wait for the tied-weight all-reduce
@@ -274,6 +281,7 @@ class GradReducer:
         self._next = 0
         self._records = {}
         self._early = self.settings.early_launch and self._learned > 0
+        self._error = None
         self._in_step = True
 
     def on_grad_sync(self, chunk: int) -> None:
@@ -299,6 +307,8 @@ class GradReducer:
             for name in ("sharding", "dp"):  # inline workers: sharding's tickets run first
                 if name in self.workers:
                     self.workers[name].wait_all()
+            if self._error is not None:
+                raise self._error
         except CollectiveError as err:
             raise GradSyncError(f"rank {compat.global_rank()}: gradient reduction failed: {err}") from err
         finally:

@@ -1,0 +1,345 @@
+"""Fused gradient buckets, the collective workers and the reducer's scheduling, in one
+process (the gloo runs are tests/multiproc/test_grad_overlap.py)."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import paddle
+import pytest
+
+from paddle_ext.comm.collectives import CollectiveError, InlineWorker, ThreadWorker, make_worker
+from paddle_ext.pipeline.grad_buffers import build_buckets
+from paddle_ext.pipeline.grad_sync import (
+    ENV_BUCKET_MB,
+    GradReducer,
+    GradSyncError,
+    GradSyncSettings,
+    disable_optimizer_reduction,
+)
+from paddle_ext.pipeline.schedule.ir import B, GradSync
+
+
+def _mlp(seed: int = 0, width: int = 8, layers: int = 3) -> paddle.nn.Layer:
+    paddle.seed(seed)
+    mods = []
+    for _ in range(layers):
+        mods += [paddle.nn.Linear(width, width), paddle.nn.Tanh()]
+    return paddle.nn.Sequential(*mods)
+
+
+def _copy(dst: paddle.nn.Layer, src: paddle.nn.Layer) -> None:
+    for a, b in zip(dst.parameters(), src.parameters()):
+        a.set_value(b)
+
+
+# --- buckets ---------------------------------------------------------------------------
+
+def test_buckets_follow_backward_order_size_owner_and_late_last():
+    net = _mlp(width=4, layers=3)  # 3 x (weight 16 floats = 64 B, bias 4 floats = 16 B)
+    params = list(net.parameters())
+    late = [paddle.create_parameter([2, 2], "float32")]
+    owners = {id(p): i % 2 for i, p in enumerate(params)}
+    buckets = build_buckets([params], late, bucket_bytes=80, owner_of=lambda p: owners.get(id(p), 0))
+    assert [b.index for b in buckets] == list(range(len(buckets)))
+    assert buckets[-1].chunk is None and buckets[-1].slots[0].param is late[0]
+    for b in buckets[:-1]:
+        assert b.chunk == 0 and b.nbytes <= 80 or len(b.slots) == 1
+        assert len({owners[id(s.param)] for s in b.slots}) == 1
+        # contiguous regions in the buffer, in slot order
+        assert [s.start for s in b.slots] == list(np.cumsum([0] + [s.numel for s in b.slots[:-1]]))
+    # every parameter exactly once
+    assert sorted(id(s.param) for b in buckets for s in b.slots) == sorted(map(id, params + late))
+    # the first bucket holds the last layer's parameters (complete first in a backward)
+    assert {id(s.param) for s in buckets[0].slots} <= {id(p) for p in params[-2:]}
+
+
+def test_a_parameter_larger_than_the_bucket_gets_one_of_its_own():
+    big = paddle.create_parameter([64, 64], "float32")
+    small = paddle.create_parameter([4], "float32")
+    buckets = build_buckets([[small, big]], [], bucket_bytes=1024)
+    assert sorted(len(b.slots) for b in buckets) == [1, 1]
+    with pytest.raises(ValueError, match="positive"):
+        build_buckets([[small]], [], bucket_bytes=0)
+
+
+@pytest.mark.parametrize("set_to_zero", [True, False])
+def test_grads_accumulate_in_the_buffer_bitwise_like_plain_accumulation(set_to_zero):
+    m = 3
+    net, ref = _mlp(1), _mlp(1)
+    _copy(ref, net)
+    (bucket,) = build_buckets([list(net.parameters())], [], bucket_bytes=1 << 20)
+    for slot in bucket.slots:
+        slot.param._register_backward_hook(lambda *_, s=slot: bucket.take(s, m))
+    opt = paddle.optimizer.SGD(0.1, parameters=net.parameters())
+    ref_opt = paddle.optimizer.SGD(0.1, parameters=ref.parameters())
+    pairs = dict(zip(map(id, net.parameters()), ref.parameters()))
+    for step in range(3):
+        bucket.reset(m)
+        for mb in range(m):
+            x = paddle.to_tensor(np.random.default_rng(10 * step + mb).standard_normal((2, 8)).astype("float32"))
+            net(x).sum().backward()
+            ref(x).sum().backward()
+            assert bucket.todo == (m - mb - 1) * len(bucket.slots)
+        for slot in bucket.slots:
+            want = pairs[id(slot.param)].grad.numpy()
+            assert np.array_equal(slot.param.grad.numpy(), want)
+            assert slot.param.grad.data_ptr() == slot.ptr  # the gradient is the view
+            start = slot.start
+            assert np.array_equal(bucket.buffer.numpy()[start:start + slot.numel], want.ravel())
+        bucket.learn(m)
+        assert bucket.eligible
+        opt.step()
+        opt.clear_grad(set_to_zero)
+        ref_opt.step()
+        ref_opt.clear_grad(set_to_zero)
+    for a, b in zip(net.parameters(), ref.parameters()):
+        assert np.array_equal(a.numpy(), b.numpy())
+
+
+def test_seal_zeroes_and_attaches_parameters_without_a_gradient():
+    used, unused = paddle.nn.Linear(4, 4), paddle.nn.Linear(4, 4)
+    (bucket,) = build_buckets([list(used.parameters()) + list(unused.parameters())], [], 1 << 20)
+    bucket.buffer.set_value(paddle.full([bucket.numel], 7.0))
+    bucket.reset(1)
+    used(paddle.ones([1, 4])).sum().backward()
+    used_ids = {id(p) for p in used.parameters()}
+    for slot in bucket.slots:
+        if id(slot.param) in used_ids:
+            bucket.take(slot, 1)
+    bucket.seal()
+    for slot in bucket.slots:
+        if id(slot.param) not in used_ids:
+            assert slot.param.grad is not None and not slot.param.grad.numpy().any()
+    bucket.learn(1)
+    assert not bucket.eligible  # the unused ones had no gradient: no early launch for it
+
+
+def test_main_grad_parameters_get_a_float32_view():
+    p = paddle.create_parameter([3, 3], "float32")
+    p.main_grad = None
+    (bucket,) = build_buckets([[p]], [], 1 << 20)
+    assert bucket.dtype == paddle.float32 and bucket.slots[0].main_grad
+    p.main_grad = paddle.ones([3, 3])
+    bucket.reset(1)
+    bucket.take(bucket.slots[0], 1)
+    assert p.main_grad.data_ptr() == bucket.slots[0].ptr
+    assert np.array_equal(bucket.buffer.numpy(), np.ones(9, "float32"))
+
+
+# --- workers -----------------------------------------------------------------------------
+
+def test_thread_worker_runs_in_submission_order_and_after_dependencies_hold():
+    log, lock = [], threading.Lock()
+
+    def op(name, delay=0.0):
+        def run():
+            time.sleep(delay)
+            with lock:
+                log.append(name)
+        return run
+
+    first, second = ThreadWorker("sharding"), ThreadWorker("dp")
+    try:
+        a = first.submit("a", op("a", 0.05))
+        b = second.submit("b", op("b"), after=a)  # must wait for a although it is free
+        first.submit("c", op("c"))
+        second.wait_all()
+        first.wait_all()
+        assert log.index("a") < log.index("b") and log.index("a") < log.index("c")
+        assert a.started <= a.finished <= b.started
+    finally:
+        first.close()
+        second.close()
+
+
+def test_a_failure_fails_the_later_tickets_of_its_worker_without_running_them():
+    ran = []
+    worker = ThreadWorker("dp")
+    try:
+        worker.submit("bad", lambda: 1 / 0)
+        worker.submit("next", lambda: ran.append(1))
+        with pytest.raises(CollectiveError, match="bad failed: ZeroDivisionError"):
+            worker.wait_all()
+        assert not ran
+        with pytest.raises(CollectiveError, match="not run: the earlier bad"):
+            worker.tickets[1].wait()
+    finally:
+        worker.close()
+
+
+def test_inline_worker_runs_only_when_drained_in_order():
+    log = []
+    sharding, dp = InlineWorker("sharding"), InlineWorker("dp")
+    a = sharding.submit("a", lambda: log.append("a"))
+    dp.submit("b", lambda: log.append("b"), after=a)
+    assert log == []
+    sharding.wait_all()
+    dp.wait_all()
+    assert log == ["a", "b"]
+    out_of_order = InlineWorker("x")
+    pending = InlineWorker("y").submit("p", lambda: None)
+    out_of_order.submit("q", lambda: None, after=pending)
+    with pytest.raises(CollectiveError, match="must be drained before"):
+        out_of_order.wait_all()
+
+
+def test_make_worker_picks_thread_inline_and_stream():
+    assert isinstance(make_worker("dp", "cpu", overlap=False), InlineWorker)
+    worker = make_worker("dp", "cpu", overlap=True)
+    assert isinstance(worker, ThreadWorker)
+    worker.close()
+
+
+# --- settings and the optimizer ------------------------------------------------------------
+
+def test_bucket_size_from_the_environment(monkeypatch):
+    monkeypatch.setenv(ENV_BUCKET_MB, "0.5")
+    assert GradSyncSettings().bucket_bytes == 512 * 1024
+    monkeypatch.setenv(ENV_BUCKET_MB, "lots")
+    with pytest.raises(ValueError, match=ENV_BUCKET_MB):
+        GradSyncSettings()
+    monkeypatch.delenv(ENV_BUCKET_MB)
+    assert GradSyncSettings().bucket_bytes == 128 * 1024 * 1024
+    with pytest.raises(ValueError, match="positive"):
+        GradSyncSettings(bucket_mb=0)
+
+
+def test_settings_from_strategy_pp_configs_and_paddlenlp_string():
+    import paddle_ext
+    from paddle_ext.pipeline.engine import PipelineSettings
+
+    paddle_ext.enable()
+    try:
+        strategy = paddle.distributed.fleet.DistributedStrategy()
+        strategy.hybrid_configs = {"pp_configs": "enable_dp_comm_overlap enable_delay_scale_loss"}
+        strategy.pipeline_configs = {"accumulate_steps": 4, "micro_batch_size": 1}
+        settings = PipelineSettings.from_strategy(strategy)
+        assert settings.grad_sync.dp_overlap and not settings.grad_sync.sharding_overlap
+        assert settings.delay_scale_loss
+        strategy.hybrid_configs = {"pp_configs": {"sharding_comm_overlap": True}}
+        assert PipelineSettings.from_strategy(strategy).grad_sync.sharding_overlap
+    finally:
+        paddle_ext.disable()
+
+
+def test_the_hybrid_optimizers_own_reduction_is_switched_off():
+    class Inner:
+        def __init__(self):
+            self._param2rank = {}
+
+    class Hybrid:
+        def __init__(self):
+            self._inner_opt = Inner()
+            self._dp_enable = self._sharding_enable = self._sep_enable = True
+
+        def __getattr__(self, item):  # like HybridParallelOptimizer
+            return getattr(self._inner_opt, item)
+
+    opt = Hybrid()
+    disable_optimizer_reduction(opt)
+    assert not opt._dp_enable and not opt._sharding_enable
+    assert opt._sep_enable  # sep is not reduced by the engine: left alone
+    disable_optimizer_reduction(paddle.optimizer.SGD(0.1, parameters=_mlp().parameters()))  # no-op
+
+
+# --- the reducer, with a fake dp group --------------------------------------------------------
+
+class _Task:
+    def wait(self):
+        return True
+
+
+class _FakeProcessGroup:
+    """dp = 2 with an identical peer: an all-reduce doubles the buffer."""
+
+    def __init__(self):
+        self.calls = []
+
+    def all_reduce(self, tensor, op, sync_op):
+        self.calls.append((time.perf_counter(), tensor.numpy().copy()))
+        tensor.scale_(2.0)
+        return _Task()
+
+
+class _FakeGroup:
+    def __init__(self):
+        self.process_group = _FakeProcessGroup()
+        self.nranks = 2
+
+
+class _FakeHcg:
+    def __init__(self):
+        self.group = _FakeGroup()
+
+    def get_data_parallel_world_size(self):
+        return 2
+
+    def get_sharding_parallel_world_size(self):
+        return 1
+
+    def get_data_parallel_group(self):
+        return self.group
+
+
+class _Layers(paddle.nn.Layer):
+    def __init__(self, net):
+        super().__init__()
+        self.net = net
+        self.shared_layers = {}
+
+    def get_num_virtual_stages(self):
+        return 1
+
+
+@pytest.mark.parametrize("overlap", [False, True])
+def test_reducer_scales_once_launches_early_after_learning_and_refuses_late_grads(monkeypatch, overlap):
+    monkeypatch.setattr(GradReducer, "_broadcast_parameters", lambda self: None)
+    m = 2
+    net, ref = _mlp(2), _mlp(2)
+    _copy(ref, net)
+    layers = _Layers(net)
+    hcg = _FakeHcg()
+    reducer = GradReducer(layers, hcg, m, delay_scale_loss=True,
+                          settings=GradSyncSettings(dp_overlap=overlap, bucket_mb=1e-4))
+    actions = [B(0, 0), B(0, 1), GradSync(0)]
+    pg = hcg.group.process_group
+    pairs = dict(zip(map(id, net.parameters()), ref.parameters()))
+    try:
+        for step in range(2):
+            reducer.begin_step(None, actions)
+            for mb in range(m):
+                x = paddle.to_tensor(np.random.default_rng(step * m + mb).standard_normal((2, 8)).astype("float32"))
+                net(x).sum().backward()
+                ref(x).sum().backward()
+                if step == 1 and mb == m - 1:
+                    # learned in step 0: every bucket handed over inside the last backward
+                    assert all(b.submitted for b in reducer.order)
+            handed_before_gs = sum(b.submitted for b in reducer.order)
+            reducer.on_grad_sync(0)
+            if not overlap:
+                assert pg.calls == []  # overlap off: everything runs in finish()
+            reducer.finish()
+            assert len(pg.calls) == len(reducer.order)
+            early = [r.early for r in reducer.last.records]
+            assert all(early) if step == 1 else not any(early)
+            assert handed_before_gs == (len(reducer.order) if step == 1 else 0)
+            for p in net.parameters():
+                want = pairs[id(p)].grad.numpy()
+                # x2 (the fake peer) then x 1/(2 * M): one scale, exact for M = 2
+                assert np.array_equal(p.grad.numpy(), want / 2), p.name
+            pg.calls.clear()
+            net.clear_gradients()
+            ref.clear_gradients()
+        # a parameter whose bucket was launched gets one more gradient: refused
+        if overlap:
+            reducer.begin_step(None, actions)
+            x = paddle.ones([2, 8])
+            for _ in range(m + 1):  # one backward too many: the buckets were launched after m
+                net(x).sum().backward()
+            with pytest.raises(GradSyncError, match="received a gradient after its bucket"):
+                reducer.finish()
+    finally:
+        reducer.close()
