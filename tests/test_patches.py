@@ -9,7 +9,7 @@ import pytest
 
 import paddle_ext
 from paddle_ext import compat
-from paddle_ext.patches import fused_rotary, read_series, series
+from paddle_ext.patches import flash_attention, fused_rotary, read_series, series
 
 MISSING = object()
 
@@ -28,6 +28,7 @@ def patched_attributes():
     owners += [(compat.parallel_env_class(), "device_id")]
     owners += [(compat.distributed_strategy_class(), "hybrid_configs")]
     owners += [(owner, "fused_rotary_position_embedding") for owner in fused_rotary.owners()]
+    owners += [(flash_attention.owner(), name) for name in flash_attention.NAMES]
     owners += [(compat.pipeline_layer_class(), name) for name in ("get_schedule_chunk", "build_schedule_nodes")]
     if compat.upstream_schedule_node_classes() is None:  # 2.6, 3.0: the unit adds them
         owners += [(compat.meta_parallel_module(), name) for name in ("ScheduleNode", "ScheduleChunk")]
@@ -48,7 +49,8 @@ def statuses():
 
 def test_series_file_lists_every_unit_with_its_upstream_pr():
     names = read_series()
-    assert names == ["gloo_calc_stream", "c_embedding_check", "pipeline_engine", "fused_rotary", "fb_overlap"]
+    assert names == ["gloo_calc_stream", "c_embedding_check", "pipeline_engine", "fused_rotary", "fb_overlap",
+                     "flash_attention"]
     for state in series().states:
         assert state.unit.upstream, state.unit.name
         assert all(isinstance(n, int) and n > 1000 for n in state.unit.upstream)

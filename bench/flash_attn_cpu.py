@@ -1,0 +1,364 @@
+"""FlashAttention on CPU: paddle_ext's tiled kernel against Paddle's own CPU
+flash_attention (the S x S math path) and, when PyTorch is importable (or
+--torch-python names an interpreter that has it), PyTorch's CPU
+scaled_dot_product_attention, all measured in this run.
+
+B=1, H=8, D=64, float32 by default; for every S, causal or not, forward and
+forward+backward, at each thread count (each library set to it: paddle_ext
+with paddle_ext.ops.set_num_threads, Paddle with paddle.base.core.set_num_threads,
+PyTorch with torch.set_num_threads) it prints:
+  - paddle_ext's time (median of calls interleaved with the references', so a
+    load change on this shared machine hits all of them alike), its GFLOP/s
+    and that as a fraction of a GEMM measured here at the same thread count;
+  - time ratios: reference time / paddle_ext time (> 1 = paddle_ext faster).
+FLOPs count only what the attention needs: 4 S^2 D per head forward (half of
+it causal), 2.5 times that for the backward pass.
+
+Then (--memory-seq, default 4096) the extra peak memory of one call beyond its
+inputs, each implementation in a fresh process (peak RSS after the call minus
+peak RSS before it).
+
+Run: python bench/flash_attn_cpu.py [--seqs 512,1024,2048,4096] [--threads 1,2]
+     [--repeats 5] [--torch-python /path/to/python] [--memory-seq 4096]
+     [--paddle-max-seq 4096]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.abspath(__file__)
+
+
+def attention_flops(s: int, heads: int, d: int, causal: bool, backward: bool) -> float:
+    pairs = s * (s + 1) / 2 if causal else s * s
+    fwd = 4.0 * heads * pairs * d
+    return fwd * 3.5 if backward else fwd
+
+
+# ----------------------------------------------------------- implementations
+
+class Paddle:
+    """paddle_ext's kernel ("ext") or Paddle's own function ("paddle")."""
+
+    def __init__(self, which: str, b: int, s: int, h: int, d: int, causal: bool, backward: bool):
+        import paddle
+
+        import paddle_ext.ops as ops
+        from paddle_ext.ops.flash_attention import flash_attention
+
+        self.paddle, self.ops = paddle, ops
+        rng = np.random.default_rng(0)
+        make = lambda: paddle.to_tensor(rng.standard_normal((b, s, h, d)).astype(np.float32),  # noqa: E731
+                                        stop_gradient=not backward)
+        self.q, self.k, self.v = make(), make(), make()
+        self.dout = paddle.to_tensor(rng.standard_normal((b, s, h, d)).astype(np.float32))
+        if which == "ext":
+            self.fn = lambda: flash_attention(self.q, self.k, self.v, causal=causal)[0]
+        else:
+            import paddle.nn.functional.flash_attention as module
+
+            original = module.flash_attention
+            while getattr(original, "__paddle_ext_unit__", None) is not None:
+                original = original.__wrapped__
+            self.fn = lambda: original(self.q, self.k, self.v, 0.0, causal, False)[0]
+        self.which, self.backward = which, backward
+
+    def set_threads(self, n: int) -> None:
+        self.paddle.base.core.set_num_threads(n)
+        self.ops.set_num_threads(n)
+
+    def __call__(self):
+        out = self.fn()
+        if self.backward:
+            return self.paddle.grad([out], [self.q, self.k, self.v], [self.dout])
+        return out
+
+
+class Torch:
+    def __init__(self, b: int, s: int, h: int, d: int, causal: bool, backward: bool):
+        import torch
+        import torch.nn.functional as F
+
+        self.torch, self.F = torch, F
+        g = torch.Generator().manual_seed(0)
+        make = lambda: torch.randn(b, h, s, d, generator=g, requires_grad=backward)  # noqa: E731
+        self.q, self.k, self.v = make(), make(), make()
+        self.dout = torch.randn(b, h, s, d, generator=g)
+        self.causal, self.backward = causal, backward
+
+    def set_threads(self, n: int) -> None:
+        self.torch.set_num_threads(n)
+
+    def __call__(self):
+        out = self.F.scaled_dot_product_attention(self.q, self.k, self.v, is_causal=self.causal)
+        if self.backward:
+            return self.torch.autograd.grad(out, (self.q, self.k, self.v), self.dout)
+        return out
+
+
+def gemm_seconds(lib: str, n: int, threads: int) -> float:
+    if lib == "paddle":
+        import paddle
+
+        paddle.base.core.set_num_threads(threads)
+        a = paddle.to_tensor(np.ones((n, n), np.float32))
+        fn = lambda: paddle.matmul(a, a)  # noqa: E731
+    else:
+        import torch
+
+        torch.set_num_threads(threads)
+        a = torch.ones(n, n)
+        fn = lambda: a @ a  # noqa: E731
+    fn()
+    samples = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - t0)
+    return statistics.median(samples)
+
+
+# -------------------------------------------------- torch in another process
+
+class TorchWorker:
+    """PyTorch timings in-process when importable, else from a child running
+    `--torch-python`; None when neither is available."""
+
+    @staticmethod
+    def start(torch_python: str | None):
+        try:
+            import torch  # noqa: F401
+            return TorchWorker(None)
+        except ImportError:
+            pass
+        if torch_python:
+            return TorchWorker(torch_python)
+        return None
+
+    def __init__(self, python: str | None):
+        self.proc = None
+        self.current = None
+        self.key = None
+        if python:
+            self.proc = subprocess.Popen([python, HERE, "--torch-worker"], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, text=True)
+            self.version = self._ask({"op": "version"})["version"]
+        else:
+            import torch
+
+            self.version = torch.__version__
+
+    def _ask(self, msg: dict) -> dict:
+        self.proc.stdin.write(json.dumps(msg) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def setup(self, cfg: dict, threads: int) -> None:
+        if self.proc:
+            self._ask({"op": "setup", "cfg": cfg, "threads": threads})
+            return
+        key = json.dumps(cfg, sort_keys=True)
+        if key != self.key:
+            self.current, self.key = Torch(**cfg), key
+        self.current.set_threads(threads)
+        self.current()
+
+    def once(self) -> float:
+        if self.proc:
+            return self._ask({"op": "once"})["seconds"]
+        t0 = time.perf_counter()
+        self.current()
+        return time.perf_counter() - t0
+
+    def gemm(self, n: int, threads: int) -> float:
+        if self.proc:
+            return self._ask({"op": "gemm", "n": n, "threads": threads})["seconds"]
+        return gemm_seconds("torch", n, threads)
+
+    def close(self) -> None:
+        if self.proc:
+            self.proc.stdin.close()
+            self.proc.wait()
+
+
+def torch_worker_main() -> None:
+    import torch
+
+    current = None
+    for line in sys.stdin:
+        msg = json.loads(line)
+        if msg["op"] == "version":
+            reply = {"version": torch.__version__}
+        elif msg["op"] == "setup":
+            current = Torch(**msg["cfg"])
+            current.set_threads(msg["threads"])
+            current()
+            reply = {}
+        elif msg["op"] == "once":
+            t0 = time.perf_counter()
+            current()
+            reply = {"seconds": time.perf_counter() - t0}
+        else:
+            reply = {"seconds": gemm_seconds("torch", msg["n"], msg["threads"])}
+        print(json.dumps(reply), flush=True)
+
+
+# ------------------------------------------------------------------- memory
+
+def memory_child(which: str, s: int, causal: bool, backward: bool) -> None:
+    threads = int(os.environ.get("BENCH_THREADS", "2"))
+    if which == "torch":
+        impl = Torch(1, s, 8, 64, causal, backward)
+    else:
+        impl = Paddle(which, 1, s, 8, 64, causal, backward)
+    impl.set_threads(threads)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    result = impl()
+    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    del result
+    print(json.dumps({"extra_mb": (after - before) / 1024.0}))
+
+
+def measure_memory(which: str, s: int, causal: bool, backward: bool, python: str) -> float | None:
+    cmd = [python, HERE, "--memory-child", which, str(s), str(int(causal)), str(int(backward))]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    return json.loads(lines[-1])["extra_mb"] if proc.returncode == 0 and lines else None
+
+
+# --------------------------------------------------------------------- main
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seqs", default="512,1024,2048,4096")
+    parser.add_argument("--threads", default="1,2")
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--paddle-max-seq", type=int, default=4096,
+                        help="skip Paddle's math path above this length (it is slow and quadratic)")
+    parser.add_argument("--torch-python", default=os.environ.get("PADDLE_EXT_BENCH_TORCH_PYTHON"))
+    parser.add_argument("--memory-seq", type=int, default=4096, help="0 skips the memory table")
+    parser.add_argument("--modes", default="fwd,fwd+bwd")
+    args = parser.parse_args()
+
+    import paddle
+
+    from paddle_ext.ops.flash_attention import cpu_isa
+
+    seqs = [int(x) for x in args.seqs.split(",")]
+    thread_counts = [int(x) for x in args.threads.split(",")]
+    modes = [m == "fwd+bwd" for m in args.modes.split(",")]
+    h, d = args.heads, args.head_dim
+    torch_worker = TorchWorker.start(args.torch_python)
+    print(f"flash attention on CPU: B=1 H={h} D={d} float32; paddle_ext ({cpu_isa()} kernels) vs Paddle "
+          f"{paddle.__version__} flash_attention (math path)"
+          + (f" and PyTorch {torch_worker.version} scaled_dot_product_attention" if torch_worker
+             else " (PyTorch not importable: no PyTorch column; --torch-python PATH adds it)"))
+    print("ratios: reference time / paddle_ext time (> 1: paddle_ext is faster); medians of "
+          f"{args.repeats} interleaved calls")
+
+    summary = []
+    for threads in thread_counts:
+        gemm_n = 2048
+        gemm = 2.0 * gemm_n ** 3 / gemm_seconds("paddle", gemm_n, threads) / 1e9
+        gemm_text = f"Paddle (MKL) {gemm:.0f}"
+        if torch_worker:
+            torch_gemm = 2.0 * gemm_n ** 3 / torch_worker.gemm(gemm_n, threads) / 1e9
+            gemm_text += f", PyTorch {torch_gemm:.0f}"
+            gemm = max(gemm, torch_gemm)
+        print(f"\n== threads={threads}: float32 GEMM {gemm_n}^3 {gemm_text} GFLOP/s (ceiling used: {gemm:.0f})")
+        for backward in modes:
+            for causal in (False, True):
+                for s in seqs:
+                    cfg = dict(b=1, s=s, h=h, d=d, causal=causal, backward=backward)
+                    impls = {"ext": Paddle("ext", **cfg)}
+                    if s <= args.paddle_max_seq:
+                        impls["paddle"] = Paddle("paddle", **cfg)
+                    for impl in impls.values():
+                        impl.set_threads(threads)
+                        impl()  # warm-up
+                    if torch_worker:
+                        torch_worker.setup(cfg, threads)
+                    samples = {name: [] for name in list(impls) + (["torch"] if torch_worker else [])}
+                    slow = s >= 4096
+                    repeats = max(3, args.repeats - (2 if slow else 0))
+                    for _ in range(repeats):
+                        for name, impl in impls.items():
+                            t0 = time.perf_counter()
+                            impl()
+                            samples[name].append(time.perf_counter() - t0)
+                        if torch_worker:
+                            samples["torch"].append(torch_worker.once())
+                    med = {name: statistics.median(v) for name, v in samples.items()}
+                    flops = attention_flops(s, h, d, causal, backward) / 1e9
+                    ours = med["ext"]
+                    line = (f"S={s:5d} {'causal' if causal else 'full  '} {'fwd+bwd' if backward else 'fwd    '}: "
+                            f"paddle_ext {ours * 1e3:8.1f} ms {flops / ours:6.1f} GFLOP/s "
+                            f"({flops / ours / gemm:.2f} of GEMM)")
+                    row = {"threads": threads, "s": s, "causal": causal, "backward": backward,
+                           "ext_ms": ours * 1e3, "gflops": flops / ours}
+                    if torch_worker:
+                        line += f" | PyTorch {med['torch'] * 1e3:8.1f} ms -> {med['torch'] / ours:5.2f}x"
+                        row["torch_ratio"] = med["torch"] / ours
+                    if "paddle" in med:
+                        line += f" | Paddle {med['paddle'] * 1e3:8.1f} ms -> {med['paddle'] / ours:5.2f}x"
+                        row["paddle_ratio"] = med["paddle"] / ours
+                    print(line, flush=True)
+                    summary.append(row)
+                    del impls
+    if torch_worker:
+        torch_worker.close()
+        print("\nagainst PyTorch, S >= 1024 (targets: forward >= 0.8x, i.e. within 1.25x of its time; "
+              "forward+backward >= 0.67x, i.e. within 1.5x):")
+        for backward in modes:
+            ratios = [r["torch_ratio"] for r in summary if r["backward"] == backward and r["s"] >= 1024]
+            if ratios:
+                print(f"  {'fwd+bwd' if backward else 'fwd'}: worst {min(ratios):.2f}x, median "
+                      f"{statistics.median(ratios):.2f}x over {len(ratios)} configurations")
+    per_flop = [(r, c) for r in summary if not r["causal"] for c in summary
+                if c["causal"] and (c["threads"], c["s"], c["backward"]) == (r["threads"], r["s"], r["backward"])]
+    if per_flop:
+        worst = min(c["gflops"] / r["gflops"] for r, c in per_flop)
+        print(f"causal GFLOP/s / non-causal GFLOP/s (skipping masked blocks): worst {worst:.2f}")
+
+    if args.memory_seq:
+        s = args.memory_seq
+        python = sys.executable
+        print(f"\nextra peak memory of one call beyond its inputs, S={s}, fresh process each (MB):")
+        for backward in modes:
+            for causal in (False, True):
+                parts = []
+                for which in ("ext", "paddle", "torch"):
+                    py = args.torch_python if which == "torch" else python
+                    if which == "torch" and not torch_worker:
+                        continue
+                    if which == "torch" and not py:
+                        py = python
+                    mb = measure_memory(which, s, causal, backward, py)
+                    name = {"ext": "paddle_ext", "paddle": "Paddle", "torch": "PyTorch"}[which]
+                    parts.append(f"{name} {mb:7.1f}" if mb is not None else f"{name} failed")
+                print(f"  {'causal' if causal else 'full  '} {'fwd+bwd' if backward else 'fwd    '}: "
+                      + " | ".join(parts))
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--torch-worker":
+        torch_worker_main()
+    elif len(sys.argv) > 1 and sys.argv[1] == "--memory-child":
+        which, s, causal, backward = sys.argv[2], int(sys.argv[3]), sys.argv[4] == "1", sys.argv[5] == "1"
+        if which != "torch":
+            sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+        memory_child(which, s, causal, backward)
+    else:
+        main()

@@ -1,0 +1,540 @@
+// CPU backend of FlashAttention-2: tiled attention with an online softmax.
+//
+// Forward: one task per (sequence, query head, block of kBlockQ queries),
+// scheduled dynamically over the threads, heaviest first (causal blocks near
+// the bottom see the most keys). A task streams over blocks of kBlockK keys:
+// S = Q K^T on a register-blocked micro-kernel against K^T packed once into
+// panels of 16 keys, masks (causal, partial blocks only: fully masked blocks
+// are never visited), rescales its running max / sum, and accumulates P V
+// straight from the value rows. Only the per-row log-sum-exp is kept.
+//
+// Backward: one unit per (sequence, kv head, chunk of query blocks); a unit
+// recomputes P from the saved log-sum-exp block by block and runs the five
+// products (S, dP = dO V^T, dV += P^T dO, dK += dS^T Q, dQ += dS K) on the
+// same micro-kernel, accumulating dK / dV of its kv head (all heads of its
+// group) in float32 buffers of Lk x D. Query blocks are split into chunks only
+// when there are fewer kv heads than threads; chunk buffers are then summed.
+// Extra memory: O(Lk x D) per unit plus the packed K / V: linear in S.
+//
+// float16 / bfloat16 inputs are converted to float32 once (linear memory) and
+// computed in float32. The vectorised code exists twice: for AVX2+FMA (chosen
+// at run time with __builtin_cpu_supports) and for the portable baseline.
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define PADDLE_EXT_FA_X86 1
+#endif
+
+#include "common/parallel.h"
+#include "flash_attn.h"
+
+namespace paddle_ext::flash_attn {
+namespace {
+
+#ifndef PE_FA_BQ
+#define PE_FA_BQ 48
+#define PE_FA_BK 256
+#endif
+constexpr int64_t kBlockQ = PE_FA_BQ;   // queries per task (a multiple of the micro-kernel's 6 rows)
+constexpr int64_t kBlockK = PE_FA_BK;  // keys per inner step (a multiple of kPanel)
+constexpr int64_t kPanel = 16;    // columns of a packed K^T / V^T panel
+constexpr float kLog2e = 1.4426950408889634f;
+constexpr float kLn2 = 0.6931471805599453f;
+
+int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+struct Seq {
+  int64_t q0, lq, k0, lk;  // first token and length of the queries and of the keys
+};
+
+Seq seq(const Problem& p, int64_t b) {
+  if (p.cu_q != nullptr) {
+    return {p.cu_q[b], static_cast<int64_t>(p.cu_q[b + 1]) - p.cu_q[b], p.cu_k[b],
+            static_cast<int64_t>(p.cu_k[b + 1]) - p.cu_k[b]};
+  }
+  return {b * p.seqlen_q, p.seqlen_q, b * p.seqlen_k, p.seqlen_k};
+}
+
+// float32 views of the operands and where the results go.
+struct Ctx {
+  Problem p;
+  const float* q = nullptr;
+  const float* k = nullptr;
+  const float* v = nullptr;
+  const float* o = nullptr;
+  const float* dout = nullptr;
+  // Packed copies, per (sequence, kv head): K^T / V^T as panels of 16 keys
+  // (panel j: D x 16 at j * 16 * D), K / V rows as panels of 16 columns
+  // (panel n: Lk' x 16 at n * Lk' * 16, Lk' = Lk rounded up to 16).
+  const float* kt = nullptr;
+  const float* kr = nullptr;
+  const float* vt = nullptr;
+  const float* vr = nullptr;
+  std::vector<int64_t> pack_offset;  // per sequence: where its panels start
+  float* lse = nullptr;
+  void* out = nullptr;
+  void* softmax = nullptr;
+  void* dq = nullptr;
+  bool dropout = false;
+  uint32_t threshold = 0;
+  float inv_keep = 1.f;
+
+  int64_t pack_base(int64_t b, int64_t kvh) const {
+    return pack_offset[b] + kvh * round_up(seq(p, b).lk, kPanel) * round_up(p.head_dim, kPanel);
+  }
+  int64_t row_panel_stride(int64_t b) const { return round_up(seq(p, b).lk, kPanel) * kPanel; }
+  int64_t lse_index(const Seq& s, int64_t h, int64_t i) const {
+    return h * p.lse_head_stride + s.q0 * p.lse_token_mult + i;
+  }
+};
+
+// z[j] = 1 / (1 - p) for kept and 0 for dropped elements (i, k0 + j), j < n (n % 4 == 0).
+void dropout_row(const Ctx& ctx, uint64_t subsequence, int64_t i, int64_t k0, int64_t n, float* z) {
+  for (int64_t j = 0; j < n; j += 4) {
+    const Philox4 r = dropout_bits(ctx.p.seed, subsequence, i, (k0 + j) >> 2);
+    for (int w = 0; w < 4; ++w) z[j + w] = r.x[w] >= ctx.threshold ? ctx.inv_keep : 0.f;
+  }
+}
+
+float load_one(FloatKind kind, const void* base, int64_t i) {
+  switch (kind) {
+    case FloatKind::kFloat32:
+      return static_cast<const float*>(base)[i];
+    case FloatKind::kFloat16:
+      return fp16_to_float(static_cast<const uint16_t*>(base)[i]);
+    case FloatKind::kBFloat16:
+      return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
+  }
+  return 0.f;
+}
+
+// rows x cols of src (row stride src_rs) into dst (kind) at element dst_off, row stride dst_rs.
+void store_rows(FloatKind kind, const float* src, int64_t src_rs, int64_t rows, int64_t cols, void* dst,
+                int64_t dst_off, int64_t dst_rs) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* s = src + r * src_rs;
+    const int64_t o = dst_off + r * dst_rs;
+    switch (kind) {
+      case FloatKind::kFloat32:
+        std::memcpy(static_cast<float*>(dst) + o, s, cols * sizeof(float));
+        break;
+      case FloatKind::kFloat16: {
+        uint16_t* d = static_cast<uint16_t*>(dst) + o;
+        for (int64_t c = 0; c < cols; ++c) d[c] = float_to_fp16(s[c]);
+        break;
+      }
+      case FloatKind::kBFloat16: {
+        uint16_t* d = static_cast<uint16_t*>(dst) + o;
+        for (int64_t c = 0; c < cols; ++c) d[c] = float_to_bf16(s[c]);
+        break;
+      }
+    }
+  }
+}
+
+// A float32 view of n elements: the data itself, or a converted copy in `buf`.
+const float* as_f32(FloatKind kind, const void* data, int64_t n, std::vector<float>* buf) {
+  if (kind == FloatKind::kFloat32 || data == nullptr) return static_cast<const float*>(data);
+  buf->resize(n);
+  float* dst = buf->data();
+  parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) dst[i] = load_one(kind, data, i);
+  });
+  return dst;
+}
+
+// Packs every (sequence, kv head) of src (float32 token rows of heads_k * D):
+// transposed (K^T panels) or as row panels, zero beyond the sequence / D.
+std::vector<float> pack(const Ctx& ctx, const float* src, bool transposed) {
+  const Problem& p = ctx.p;
+  const int64_t D = p.head_dim, k_rs = p.heads_k * D;
+  std::vector<float> packed(ctx.pack_offset[p.batch]);
+  float* dst = packed.data();
+  parallel_for(p.batch * p.heads_k, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t) {
+      const int64_t b = t / p.heads_k, kvh = t % p.heads_k;
+      const Seq s = seq(p, b);
+      const int64_t lk_pad = round_up(s.lk, kPanel), d_pad = round_up(D, kPanel);
+      float* base = dst + ctx.pack_base(b, kvh);
+      std::fill(base, base + lk_pad * d_pad, 0.f);
+      for (int64_t j = 0; j < s.lk; ++j) {
+        const float* row = src + (s.k0 + j) * k_rs + kvh * D;
+        if (transposed) {
+          float* panel = base + (j / kPanel) * kPanel * D + j % kPanel;
+          for (int64_t d = 0; d < D; ++d) panel[d * kPanel] = row[d];
+        } else {
+          for (int64_t d = 0; d < D; ++d) base[(d / kPanel) * lk_pad * kPanel + j * kPanel + d % kPanel] = row[d];
+        }
+      }
+    }
+  });
+  return packed;
+}
+
+void init_ctx(Ctx* ctx, const Problem& p) {
+  ctx->p = p;
+  ctx->pack_offset.assign(p.batch + 1, 0);
+  for (int64_t b = 0; b < p.batch; ++b)
+    ctx->pack_offset[b + 1] =
+        ctx->pack_offset[b] + round_up(seq(p, b).lk, kPanel) * p.heads_k * round_up(p.head_dim, kPanel);
+  ctx->dropout = p.dropout > 0.f;
+  if (ctx->dropout) {
+    ctx->threshold = dropout_threshold(p.dropout);
+    ctx->inv_keep = 1.f / (1.f - p.dropout);
+  }
+}
+
+// Runs fn(worker, task) for tasks [0, n) on up to `workers` threads, handing
+// tasks out in order as threads free up.
+template <typename Fn>
+void run_tasks(int64_t n, int64_t workers, Fn&& fn) {
+  if (n <= 0) return;
+  if (workers <= 1) {
+    for (int64_t t = 0; t < n; ++t) fn(int64_t{0}, t);
+    return;
+  }
+  std::atomic<int64_t> next{0};
+  auto body = [&](int64_t w) {
+    for (int64_t t = next.fetch_add(1); t < n; t = next.fetch_add(1)) fn(w, t);
+  };
+  std::vector<std::thread> pool;
+  pool.reserve(workers - 1);
+  for (int64_t w = 1; w < workers; ++w) pool.emplace_back(body, w);
+  body(0);
+  for (auto& t : pool) t.join();
+}
+
+int64_t workers_for(int64_t tasks) { return std::max<int64_t>(1, std::min<int64_t>(num_threads(), tasks)); }
+
+int64_t scratch_floats(int64_t D) {
+  return 2 * kBlockQ * D + 2 * kBlockQ * round_up(D, kPanel) + 2 * kBlockQ * kBlockK + 4 * kBlockQ + kBlockK + 64;
+}
+
+struct QueryTask {
+  int64_t b, h, i0, work;
+};
+
+// (sequence, query head, query block) tasks, heaviest first (stable).
+std::vector<QueryTask> query_tasks(const Problem& p) {
+  std::vector<QueryTask> tasks;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const Seq s = seq(p, b);
+    for (int64_t h = 0; h < p.heads_q; ++h) {
+      for (int64_t i0 = 0; i0 < s.lq; i0 += kBlockQ) {
+        const int64_t rows = std::min<int64_t>(kBlockQ, s.lq - i0);
+        const int64_t keys =
+            p.causal ? std::min<int64_t>(s.lk, std::max<int64_t>(0, i0 + rows + s.lk - s.lq)) : s.lk;
+        tasks.push_back({b, h, i0, rows * std::max<int64_t>(keys, 1)});
+      }
+    }
+  }
+  std::stable_sort(tasks.begin(), tasks.end(), [](const QueryTask& a, const QueryTask& b) { return a.work > b.work; });
+  return tasks;
+}
+
+// ---- vector types ----------------------------------------------------------
+
+struct VecGeneric {
+  static constexpr int kWidth = 8;
+  struct T {
+    float v[8];
+  };
+  static T zero() { return set1(0.f); }
+  static T set1(float x) {
+    T r;
+    for (int i = 0; i < 8; ++i) r.v[i] = x;
+    return r;
+  }
+  static T load(const float* p) {
+    T r;
+    for (int i = 0; i < 8; ++i) r.v[i] = p[i];
+    return r;
+  }
+  static void store(float* p, T a) {
+    for (int i = 0; i < 8; ++i) p[i] = a.v[i];
+  }
+  static T fma(T a, T b, T c) {
+    for (int i = 0; i < 8; ++i) c.v[i] += a.v[i] * b.v[i];
+    return c;
+  }
+  static T add(T a, T b) {
+    for (int i = 0; i < 8; ++i) a.v[i] += b.v[i];
+    return a;
+  }
+  static T sub(T a, T b) {
+    for (int i = 0; i < 8; ++i) a.v[i] -= b.v[i];
+    return a;
+  }
+  static T mul(T a, T b) {
+    for (int i = 0; i < 8; ++i) a.v[i] *= b.v[i];
+    return a;
+  }
+  static T max(T a, T b) {
+    for (int i = 0; i < 8; ++i) a.v[i] = a.v[i] > b.v[i] ? a.v[i] : b.v[i];
+    return a;
+  }
+  static float hmax(T a) {
+    float m = a.v[0];
+    for (int i = 1; i < 8; ++i) m = a.v[i] > m ? a.v[i] : m;
+    return m;
+  }
+  static float hsum(T a) {
+    float s = 0.f;
+    for (int i = 0; i < 8; ++i) s += a.v[i];
+    return s;
+  }
+  static T exp2(T x) {
+    for (int i = 0; i < 8; ++i) x.v[i] = std::exp2(x.v[i]);
+    return x;
+  }
+};
+
+}  // namespace
+
+#define PE_FA_NS generic
+#define PE_FA_VEC VecGeneric
+#include "cpu/flash_attn_cpu_impl.h"
+#undef PE_FA_NS
+#undef PE_FA_VEC
+
+#if defined(PADDLE_EXT_FA_X86)
+#if defined(__clang__)
+#pragma clang attribute push(__attribute__((target("avx2,fma"))), apply_to = function)
+#else
+#pragma GCC push_options
+#pragma GCC target("avx2,fma")
+#endif
+
+namespace {
+
+struct VecAvx2 {
+  static constexpr int kWidth = 8;
+  using T = __m256;
+  static T zero() { return _mm256_setzero_ps(); }
+  static T set1(float x) { return _mm256_set1_ps(x); }
+  static T load(const float* p) { return _mm256_loadu_ps(p); }
+  static void store(float* p, T a) { _mm256_storeu_ps(p, a); }
+  static T fma(T a, T b, T c) { return _mm256_fmadd_ps(a, b, c); }
+  static T add(T a, T b) { return _mm256_add_ps(a, b); }
+  static T sub(T a, T b) { return _mm256_sub_ps(a, b); }
+  static T mul(T a, T b) { return _mm256_mul_ps(a, b); }
+  static T max(T a, T b) { return _mm256_max_ps(a, b); }
+  static float hmax(T a) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+  }
+  static float hsum(T a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+  }
+  // 2^x for x <= 0 (the softmax's s - max and s - lse): round to the nearest
+  // integer n, Cephes' degree-6 polynomial for 2^(x - n) (relative error
+  // about 2e-7), n into the exponent bits. x <= -127 (masked entries are
+  // -inf) gives exactly 0: n = -127 makes the exponent field, hence 2^n, zero.
+  static T exp2(T x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-127.f));
+    const __m256 n = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    const __m256 f = _mm256_sub_ps(x, n);
+    __m256 r = _mm256_set1_ps(1.535336188319500e-4f);
+    r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(1.339887440266574e-3f));
+    r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(9.618437357674640e-3f));
+    r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(5.550332471162809e-2f));
+    r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(2.402264791363012e-1f));
+    r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(6.931472028550421e-1f));
+    r = _mm256_fmadd_ps(r, f, _mm256_set1_ps(1.f));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(r, _mm256_castsi256_ps(e));
+  }
+};
+
+}  // namespace
+
+#define PE_FA_NS avx2
+#define PE_FA_VEC VecAvx2
+#include "cpu/flash_attn_cpu_impl.h"
+#undef PE_FA_NS
+#undef PE_FA_VEC
+
+#if defined(__clang__)
+#pragma clang attribute pop
+#else
+#pragma GCC pop_options
+#endif
+#endif  // PADDLE_EXT_FA_X86
+
+namespace {
+
+// PADDLE_EXT_FLASH_ATTN_ISA=generic forces the portable code (read per call: tests switch it).
+bool use_avx2() {
+#if defined(PADDLE_EXT_FA_X86)
+  static const bool supported = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  const char* isa = std::getenv("PADDLE_EXT_FLASH_ATTN_ISA");
+  return supported && !(isa != nullptr && std::strcmp(isa, "generic") == 0);
+#else
+  return false;
+#endif
+}
+
+void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, float* scratch) {
+#if defined(PADDLE_EXT_FA_X86)
+  if (use_avx2()) return avx2::forward_block(ctx, b, h, i0, scratch);
+#endif
+  generic::forward_block(ctx, b, h, i0, scratch);
+}
+
+void softmax_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, float* scratch) {
+#if defined(PADDLE_EXT_FA_X86)
+  if (use_avx2()) return avx2::softmax_block(ctx, b, h, i0, scratch);
+#endif
+  generic::softmax_block(ctx, b, h, i0, scratch);
+}
+
+void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk, int64_t chunks, float* dk_acc,
+                   float* dv_acc, float* scratch) {
+#if defined(PADDLE_EXT_FA_X86)
+  if (use_avx2()) return avx2::backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, scratch);
+#endif
+  generic::backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, scratch);
+}
+
+}  // namespace
+
+const char* cpu_isa() { return use_avx2() ? "avx2" : "generic"; }
+
+void forward_cpu(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse) {
+  Ctx ctx;
+  init_ctx(&ctx, p);
+  std::vector<float> q32, k32, v32;
+  ctx.q = as_f32(p.kind, q, p.total_q * p.heads_q * p.head_dim, &q32);
+  ctx.k = as_f32(p.kind, k, p.total_k * p.heads_k * p.head_dim, &k32);
+  ctx.v = as_f32(p.kind, v, p.total_k * p.heads_k * p.head_dim, &v32);
+  const std::vector<float> kt = pack(ctx, ctx.k, true), vr = pack(ctx, ctx.v, false);
+  ctx.kt = kt.data();
+  ctx.vr = vr.data();
+  ctx.lse = lse;
+  ctx.out = out;
+  const std::vector<QueryTask> tasks = query_tasks(p);
+  const int64_t workers = workers_for(static_cast<int64_t>(tasks.size()));
+  const int64_t per_worker = scratch_floats(p.head_dim);
+  std::vector<float> scratch(workers * per_worker);
+  run_tasks(static_cast<int64_t>(tasks.size()), workers, [&](int64_t w, int64_t t) {
+    forward_block(ctx, tasks[t].b, tasks[t].h, tasks[t].i0, scratch.data() + w * per_worker);
+  });
+}
+
+void softmax_cpu(const Problem& p, const void* q, const void* k, const float* lse, void* softmax) {
+  Ctx ctx;
+  init_ctx(&ctx, p);
+  std::vector<float> q32, k32;
+  ctx.q = as_f32(p.kind, q, p.total_q * p.heads_q * p.head_dim, &q32);
+  ctx.k = as_f32(p.kind, k, p.total_k * p.heads_k * p.head_dim, &k32);
+  const std::vector<float> kt = pack(ctx, ctx.k, true);
+  ctx.kt = kt.data();
+  ctx.lse = const_cast<float*>(lse);
+  ctx.softmax = softmax;
+  const int64_t elems = p.batch * p.heads_q * p.seqlen_q * p.seqlen_k;
+  const int64_t esize = p.kind == FloatKind::kFloat32 ? 4 : 2;
+  std::memset(softmax, 0, static_cast<size_t>(elems * esize));
+  const std::vector<QueryTask> tasks = query_tasks(p);
+  const int64_t workers = workers_for(static_cast<int64_t>(tasks.size()));
+  const int64_t per_worker = scratch_floats(p.head_dim);
+  std::vector<float> scratch(workers * per_worker);
+  run_tasks(static_cast<int64_t>(tasks.size()), workers, [&](int64_t w, int64_t t) {
+    softmax_block(ctx, tasks[t].b, tasks[t].h, tasks[t].i0, scratch.data() + w * per_worker);
+  });
+}
+
+void backward_cpu(const Problem& p, const void* q, const void* k, const void* v, const void* out,
+                  const void* dout, const float* lse, void* dq, void* dk, void* dv) {
+  Ctx ctx;
+  init_ctx(&ctx, p);
+  const int64_t D = p.head_dim, k_rs = p.heads_k * D;
+  std::vector<float> q32, k32, v32, o32, do32;
+  ctx.q = as_f32(p.kind, q, p.total_q * p.heads_q * D, &q32);
+  ctx.k = as_f32(p.kind, k, p.total_k * k_rs, &k32);
+  ctx.v = as_f32(p.kind, v, p.total_k * k_rs, &v32);
+  ctx.o = as_f32(p.kind, out, p.total_q * p.heads_q * D, &o32);
+  ctx.dout = as_f32(p.kind, dout, p.total_q * p.heads_q * D, &do32);
+  const std::vector<float> kt = pack(ctx, ctx.k, true), kr = pack(ctx, ctx.k, false);
+  const std::vector<float> vt = pack(ctx, ctx.v, true);
+  ctx.kt = kt.data();
+  ctx.kr = kr.data();
+  ctx.vt = vt.data();
+  ctx.lse = const_cast<float*>(lse);
+  ctx.dq = dq;
+
+  // Units: (sequence, kv head) x chunks; enough of them to keep every thread busy.
+  int64_t max_lk = 0, max_blocks = 1;
+  std::vector<int64_t> order(p.batch);
+  std::vector<int64_t> work(p.batch);
+  for (int64_t b = 0; b < p.batch; ++b) {
+    const Seq s = seq(p, b);
+    max_lk = std::max(max_lk, s.lk);
+    max_blocks = std::max(max_blocks, (s.lq + kBlockQ - 1) / kBlockQ);
+    work[b] = s.lq * s.lk;
+  }
+  const int64_t threads = num_threads();
+  const int64_t base_units = p.batch * p.heads_k;
+  int64_t chunks = 1;
+  if (base_units < 2 * threads) chunks = std::min<int64_t>(max_blocks, (2 * threads + base_units - 1) / base_units);
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return work[a] > work[b]; });
+  const int64_t units = base_units * chunks;
+  const int64_t workers = workers_for(units);
+  const int64_t per_worker = scratch_floats(D);
+  std::vector<float> scratch(workers * per_worker);
+  // chunks == 1: one dK / dV buffer pair per worker, written out by the unit;
+  // otherwise one pair per unit, summed below.
+  const int64_t acc = max_lk * D;
+  std::vector<float> acc_buf((chunks == 1 ? workers : units) * 2 * acc);
+  run_tasks(units, workers, [&](int64_t w, int64_t t) {
+    const int64_t b = order[t / (p.heads_k * chunks)];
+    const int64_t kvh = (t / chunks) % p.heads_k, chunk = t % chunks;
+    const int64_t slot = chunks == 1 ? w : (b * p.heads_k + kvh) * chunks + chunk;
+    float* dk_acc = acc_buf.data() + slot * 2 * acc;
+    float* dv_acc = dk_acc + acc;
+    backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, scratch.data() + w * per_worker);
+    if (chunks == 1) {
+      const Seq s = seq(p, b);
+      store_rows(p.kind, dk_acc, D, s.lk, D, dk, s.k0 * k_rs + kvh * D, k_rs);
+      store_rows(p.kind, dv_acc, D, s.lk, D, dv, s.k0 * k_rs + kvh * D, k_rs);
+    }
+  });
+  if (chunks > 1) {
+    parallel_for(base_units, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> sum(2 * acc);
+      for (int64_t u = begin; u < end; ++u) {
+        const int64_t b = u / p.heads_k, kvh = u % p.heads_k;
+        const Seq s = seq(p, b);
+        std::fill(sum.begin(), sum.end(), 0.f);
+        for (int64_t c = 0; c < chunks; ++c) {
+          const float* part = acc_buf.data() + (u * chunks + c) * 2 * acc;
+          for (int64_t i = 0; i < s.lk * D; ++i) {
+            sum[i] += part[i];
+            sum[acc + i] += part[acc + i];
+          }
+        }
+        store_rows(p.kind, sum.data(), D, s.lk, D, dk, s.k0 * k_rs + kvh * D, k_rs);
+        store_rows(p.kind, sum.data() + acc, D, s.lk, D, dv, s.k0 * k_rs + kvh * D, k_rs);
+      }
+    });
+  }
+}
+
+}  // namespace paddle_ext::flash_attn
+
+// For tests and benchmarks (ctypes): the code path the CPU kernels take now.
+extern "C" const char* paddle_ext_flash_attn_cpu_isa() { return paddle_ext::flash_attn::cpu_isa(); }

@@ -1,0 +1,366 @@
+// The ISA-specific half of the FlashAttention CPU kernels, included twice by
+// flash_attn_cpu.cc: once for the portable baseline (VecGeneric) and once
+// inside `#pragma GCC target("avx2,fma")` (VecAvx2), each time into its own
+// namespace (PE_FA_NS). No include guard on purpose.
+//
+// Everything works on float32 tiles:
+//  - a register-blocked micro-kernel C[6 x 16] (+)= A[6 x K] B[K x 16] with
+//    A given by row and column strides (so A may be a transposed tile) and B
+//    row-major with contiguous columns (a key/value row, or a packed K^T / V^T
+//    panel of 16 columns);
+//  - row-wise max / exp2 / sum for the online softmax, in log2 units (the
+//    query tile is pre-multiplied by scale * log2(e)).
+//
+// Expects, from the includer: PE_FA_NS, PE_FA_VEC, and in the enclosing
+// namespace: Ctx, Seq, seq(), kBlockQ, kBlockK, kPanel, dropout_row(),
+// store_rows(), load_rows().
+
+namespace PE_FA_NS {
+
+using V = PE_FA_VEC;
+using VT = typename V::T;
+constexpr int kMR = 6;  // micro-kernel rows
+constexpr int kW = V::kWidth;
+static_assert(kPanel == 2 * kW, "a panel is two vectors wide");
+
+enum Mode { kStore = 0, kAdd = 1, kScaleAdd = 2 };
+
+// C[M x NV*8] (op)= A B. A(m, k) = a[m * a_rs + k * a_cs], B(k, n) = b[k * b_rs + n],
+// C(m, n) = c[m * c_rs + n]; kScaleAdd: C = alpha[m] * C + A B.
+template <int M, int NV>
+inline void micro(int64_t K, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t b_rs, float* c,
+                  int64_t c_rs, int mode, const float* alpha) {
+  VT acc[M][NV];
+  for (int m = 0; m < M; ++m)
+    for (int n = 0; n < NV; ++n) acc[m][n] = V::zero();
+  for (int64_t k = 0; k < K; ++k) {
+    VT bv[NV];
+    for (int n = 0; n < NV; ++n) bv[n] = V::load(b + k * b_rs + n * kW);
+    const float* ak = a + k * a_cs;
+    for (int m = 0; m < M; ++m) {
+      const VT av = V::set1(ak[m * a_rs]);
+      for (int n = 0; n < NV; ++n) acc[m][n] = V::fma(av, bv[n], acc[m][n]);
+    }
+  }
+  for (int m = 0; m < M; ++m) {
+    float* cm = c + m * c_rs;
+    for (int n = 0; n < NV; ++n) {
+      VT r = acc[m][n];
+      if (mode == kAdd) {
+        r = V::add(r, V::load(cm + n * kW));
+      } else if (mode == kScaleAdd) {
+        r = V::fma(V::set1(alpha[m]), V::load(cm + n * kW), r);
+      }
+      V::store(cm + n * kW, r);
+    }
+  }
+}
+
+template <int NV>
+inline void micro_rows(int rows, int64_t K, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+                       int64_t b_rs, float* c, int64_t c_rs, int mode, const float* alpha) {
+  switch (rows) {
+    case 6: micro<6, NV>(K, a, a_rs, a_cs, b, b_rs, c, c_rs, mode, alpha); break;
+    case 5: micro<5, NV>(K, a, a_rs, a_cs, b, b_rs, c, c_rs, mode, alpha); break;
+    case 4: micro<4, NV>(K, a, a_rs, a_cs, b, b_rs, c, c_rs, mode, alpha); break;
+    case 3: micro<3, NV>(K, a, a_rs, a_cs, b, b_rs, c, c_rs, mode, alpha); break;
+    case 2: micro<2, NV>(K, a, a_rs, a_cs, b, b_rs, c, c_rs, mode, alpha); break;
+    default: micro<1, NV>(K, a, a_rs, a_cs, b, b_rs, c, c_rs, mode, alpha); break;
+  }
+}
+
+// C[M x N] (op)= A[M x K] B[K x N], N a multiple of 8. B(k, n) = b[k * b_rs + n]
+// when b_ps == 0; otherwise B is stored as panels of 16 columns, b_ps apart:
+// B(k, n) = b[(n / 16) * b_ps + k * b_rs + n % 16].
+inline void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+                 int64_t b_rs, int64_t b_ps, float* c, int64_t c_rs, int mode, const float* alpha = nullptr) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {  // an empty product: C = alpha * C (kScaleAdd), C (kAdd) or 0
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n)
+        c[m * c_rs + n] = mode == kStore ? 0.f : mode == kAdd ? c[m * c_rs + n] : alpha[m] * c[m * c_rs + n];
+    return;
+  }
+  for (int64_t n = 0; n < N; n += kPanel) {
+    const bool full = n + kPanel <= N;
+    const float* bn = b_ps ? b + (n / kPanel) * b_ps : b + n;
+    for (int64_t m = 0; m < M; m += kMR) {
+      const int rows = static_cast<int>(std::min<int64_t>(kMR, M - m));
+      const float* am = a + m * a_rs;
+      float* cm = c + m * c_rs + n;
+      const float* al = alpha ? alpha + m : nullptr;
+      if (full) {
+        micro_rows<2>(rows, K, am, a_rs, a_cs, bn, b_rs, cm, c_rs, mode, al);
+      } else {
+        micro_rows<1>(rows, K, am, a_rs, a_cs, bn, b_rs, cm, c_rs, mode, al);
+      }
+    }
+  }
+}
+
+// n is a multiple of 8.
+inline float row_max(const float* s, int64_t n) {
+  VT mx = V::set1(-std::numeric_limits<float>::infinity());
+  for (int64_t j = 0; j < n; j += kW) mx = V::max(mx, V::load(s + j));
+  return V::hmax(mx);
+}
+
+// s = 2^(s - m); returns the sum.
+inline float exp2_sub_sum(float* s, int64_t n, float m) {
+  const VT mv = V::set1(m);
+  VT sum = V::zero();
+  for (int64_t j = 0; j < n; j += kW) {
+    const VT e = V::exp2(V::sub(V::load(s + j), mv));
+    V::store(s + j, e);
+    sum = V::add(sum, e);
+  }
+  return V::hsum(sum);
+}
+
+inline void scale_row(float* s, int64_t n, float f) {
+  const VT fv = V::set1(f);
+  for (int64_t j = 0; j < n; j += kW) V::store(s + j, V::mul(V::load(s + j), fv));
+}
+
+inline void mul_rows(float* s, const float* z, int64_t n) {
+  for (int64_t j = 0; j < n; j += kW) V::store(s + j, V::mul(V::load(s + j), V::load(z + j)));
+}
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  VT acc = V::zero();
+  for (int64_t j = 0; j < n; j += kW) acc = V::fma(V::load(a + j), V::load(b + j), acc);
+  return V::hsum(acc);
+}
+
+// Masks S in place: row r (query i0 + r) keeps columns [0, visible(r)) of
+// the block's `width` (a multiple of 8) columns and gets -inf elsewhere.
+inline void mask_block(const Ctx& ctx, const Seq& s, int64_t i0, int64_t rows, int64_t k0, int64_t bk, int64_t width,
+                       float* S) {
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t r = 0; r < rows; ++r) {
+    int64_t visible = bk;
+    if (ctx.p.causal) visible = std::min<int64_t>(bk, std::max<int64_t>(0, i0 + r + (s.lk - s.lq) + 1 - k0));
+    float* row = S + r * kBlockK;
+    for (int64_t j = visible; j < width; ++j) row[j] = ninf;
+  }
+}
+
+inline bool block_needs_mask(const Ctx& ctx, const Seq& s, int64_t i0, int64_t k0, int64_t bk) {
+  if (bk % kPanel != 0) return true;  // zero-padded panel columns
+  return ctx.p.causal && k0 + bk - 1 > i0 + (s.lk - s.lq);
+}
+
+// Packs rows x D of src (row stride src_rs, optionally scaled) as panels of
+// 16 columns: dst[(n / 16) * kBlockQ * 16 + r * 16 + n % 16], zero-padded.
+inline void pack_block_rows(const float* src, int64_t src_rs, int64_t rows, int64_t D, float f, float* dst) {
+  for (int64_t n0 = 0; n0 < D; n0 += kPanel) {
+    float* panel = dst + (n0 / kPanel) * kBlockQ * kPanel;
+    const int64_t w = std::min<int64_t>(kPanel, D - n0);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = src + r * src_rs + n0;
+      float* out = panel + r * kPanel;
+      for (int64_t c = 0; c < w; ++c) out[c] = row[c] * f;
+      for (int64_t c = w; c < kPanel; ++c) out[c] = 0.f;
+    }
+  }
+}
+
+// Queries [i0, i0 + rows) of sequence b, query head h: out rows and lse.
+inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, float* scratch) {
+  const Problem& p = ctx.p;
+  const Seq s = seq(p, b);
+  const int64_t D = p.head_dim, rows = std::min<int64_t>(kBlockQ, s.lq - i0);
+  const int64_t kvh = h / (p.heads_q / p.heads_k);
+  const int64_t q_rs = p.heads_q * D;
+  float* qs = scratch;                  // kBlockQ x D
+  float* S = qs + kBlockQ * D;          // kBlockQ x kBlockK
+  float* O = S + kBlockQ * kBlockK;     // kBlockQ x D
+  float* mrow = O + kBlockQ * D;        // kBlockQ
+  float* lrow = mrow + kBlockQ;         // kBlockQ
+  float* alpha = lrow + kBlockQ;        // kBlockQ
+  float* z = alpha + kBlockQ;           // kBlockK
+  const float ninf = -std::numeric_limits<float>::infinity();
+
+  const int64_t kv_end = p.causal ? std::min<int64_t>(s.lk, std::max<int64_t>(0, i0 + rows + s.lk - s.lq)) : s.lk;
+  const float qscale = p.scale * kLog2e;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = ctx.q + (s.q0 + i0 + r) * q_rs + h * D;
+    for (int64_t d = 0; d < D; ++d) qs[r * D + d] = src[d] * qscale;
+    mrow[r] = ninf;
+    lrow[r] = 0.f;
+  }
+  const int64_t base = ctx.pack_base(b, kvh), vps = ctx.row_panel_stride(b);
+  const float* kt = ctx.kt + base;
+  const float* vr = ctx.vr + base;
+  const uint64_t sub = dropout_subsequence(p.offset, b, p.heads_q, h);
+  bool first = true;
+  for (int64_t k0 = 0; k0 < kv_end; k0 += kBlockK) {
+    const int64_t bk = std::min<int64_t>(kBlockK, kv_end - k0);
+    const int64_t width = (bk + kPanel - 1) / kPanel * kPanel;
+    gemm(rows, width, D, qs, D, 1, kt + k0 * D, kPanel, kPanel * D, S, kBlockK, kStore);
+    if (block_needs_mask(ctx, s, i0, k0, bk)) mask_block(ctx, s, i0, rows, k0, bk, width, S);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = S + r * kBlockK;
+      const float mnew = std::max(mrow[r], row_max(row, width));
+      const float mref = mnew == ninf ? 0.f : mnew;
+      alpha[r] = std::exp2(mrow[r] - mref);
+      lrow[r] = lrow[r] * alpha[r] + exp2_sub_sum(row, width, mref);
+      mrow[r] = mnew;
+      if (ctx.dropout) {
+        dropout_row(ctx, sub, i0 + r, k0, width, z);
+        mul_rows(row, z, width);
+      }
+    }
+    gemm(rows, D, bk, S, kBlockK, 1, vr + k0 * kPanel, kPanel, vps, O, D, first ? kStore : kScaleAdd, alpha);
+    first = false;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const bool any = lrow[r] > 0.f;
+    if (first) {
+      std::fill(O + r * D, O + (r + 1) * D, 0.f);
+    } else {
+      scale_row(O + r * D, D, any ? 1.f / lrow[r] : 0.f);
+    }
+    ctx.lse[ctx.lse_index(s, h, i0 + r)] =
+        any ? (mrow[r] + std::log2(lrow[r])) * kLn2 : std::numeric_limits<float>::infinity();
+  }
+  store_rows(p.kind, O, D, rows, D, ctx.out, (s.q0 + i0) * q_rs + h * D, q_rs);
+}
+
+// The normalised probabilities of queries [i0, i0 + rows) into softmax rows.
+inline void softmax_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, float* scratch) {
+  const Problem& p = ctx.p;
+  const Seq s = seq(p, b);
+  const int64_t D = p.head_dim, rows = std::min<int64_t>(kBlockQ, s.lq - i0);
+  const int64_t kvh = h / (p.heads_q / p.heads_k);
+  const int64_t q_rs = p.heads_q * D;
+  const float inf = std::numeric_limits<float>::infinity();
+  float* qs = scratch;
+  float* S = qs + kBlockQ * D;
+  float* z = S + kBlockQ * kBlockK;
+  float* lse2 = z + kBlockK;
+  const float qscale = p.scale * kLog2e;
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* src = ctx.q + (s.q0 + i0 + r) * q_rs + h * D;
+    for (int64_t d = 0; d < D; ++d) qs[r * D + d] = src[d] * qscale;
+    lse2[r] = ctx.lse[ctx.lse_index(s, h, i0 + r)] * kLog2e;
+  }
+  const float* kt = ctx.kt + ctx.pack_base(b, kvh);
+  const uint64_t sub = dropout_subsequence(p.offset, b, p.heads_q, h);
+  const int64_t row_elems = p.seqlen_k;
+  const int64_t base = ((b * p.heads_q + h) * p.seqlen_q + i0) * row_elems;
+  for (int64_t k0 = 0; k0 < s.lk; k0 += kBlockK) {
+    const int64_t bk = std::min<int64_t>(kBlockK, s.lk - k0);
+    const int64_t width = (bk + kPanel - 1) / kPanel * kPanel;
+    gemm(rows, width, D, qs, D, 1, kt + k0 * D, kPanel, kPanel * D, S, kBlockK, kStore);
+    if (block_needs_mask(ctx, s, i0, k0, bk)) mask_block(ctx, s, i0, rows, k0, bk, width, S);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* row = S + r * kBlockK;
+      if (lse2[r] == inf) {
+        std::fill(row, row + width, 0.f);
+      } else {
+        exp2_sub_sum(row, width, lse2[r]);
+      }
+      if (ctx.dropout) {
+        dropout_row(ctx, sub, i0 + r, k0, width, z);
+        for (int64_t j = 0; j < width; ++j) row[j] = z[j] != 0.f ? row[j] : -row[j];
+      }
+    }
+    store_rows(p.kind, S, kBlockK, rows, bk, ctx.softmax, base + k0, row_elems);
+  }
+}
+
+// Backward of one unit: kv head kvh of sequence b, the query blocks of its
+// group's heads that belong to `chunk` (blocks chunk, chunk + chunks, ...).
+// Accumulates dK, dV into dk_acc / dv_acc (Lk x D, zeroed here) and writes dq.
+inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk, int64_t chunks, float* dk_acc,
+                          float* dv_acc, float* scratch) {
+  const Problem& p = ctx.p;
+  const Seq s = seq(p, b);
+  const int64_t D = p.head_dim, group = p.heads_q / p.heads_k;
+  const int64_t q_rs = p.heads_q * D;
+  const int64_t Dp = (D + kPanel - 1) / kPanel * kPanel;
+  float* qs = scratch;                   // kBlockQ x D, scaled by scale * log2(e)
+  float* S = qs + kBlockQ * D;           // kBlockQ x kBlockK: P, then P * z
+  float* dP = S + kBlockQ * kBlockK;     // kBlockQ x kBlockK: dP, then dS
+  float* dQ = dP + kBlockQ * kBlockK;    // kBlockQ x D
+  float* qp = dQ + kBlockQ * D;          // Q rows as panels (Dp / 16 x kBlockQ x 16)
+  float* dop = qp + kBlockQ * Dp;        // dO rows as panels
+  float* lse2 = dop + kBlockQ * Dp;      // kBlockQ
+  float* Di = lse2 + kBlockQ;            // kBlockQ
+  float* z = Di + kBlockQ;               // kBlockK
+  const float inf = std::numeric_limits<float>::infinity();
+  std::fill(dk_acc, dk_acc + s.lk * D, 0.f);
+  std::fill(dv_acc, dv_acc + s.lk * D, 0.f);
+  const int64_t base = ctx.pack_base(b, kvh), kps = ctx.row_panel_stride(b);
+  const float* kt = ctx.kt + base;
+  const float* kr = ctx.kr + base;
+  const float* vt = ctx.vt + base;
+  const float qscale = p.scale * kLog2e;
+  const int64_t nblocks = (s.lq + kBlockQ - 1) / kBlockQ;
+  const int64_t qps = kBlockQ * kPanel;
+  for (int64_t g = 0; g < group; ++g) {
+    const int64_t h = kvh * group + g;
+    const uint64_t sub = dropout_subsequence(p.offset, b, p.heads_q, h);
+    for (int64_t blk = chunk; blk < nblocks; blk += chunks) {
+      const int64_t i0 = blk * kBlockQ, rows = std::min<int64_t>(kBlockQ, s.lq - i0);
+      const int64_t kv_end =
+          p.causal ? std::min<int64_t>(s.lk, std::max<int64_t>(0, i0 + rows + s.lk - s.lq)) : s.lk;
+      const float* qrows = ctx.q + (s.q0 + i0) * q_rs + h * D;
+      const float* dorows = ctx.dout + (s.q0 + i0) * q_rs + h * D;
+      const float* orows = ctx.o + (s.q0 + i0) * q_rs + h * D;
+      if (kv_end <= 0) {
+        std::fill(dQ, dQ + rows * D, 0.f);
+        store_rows(p.kind, dQ, D, rows, D, ctx.dq, (s.q0 + i0) * q_rs + h * D, q_rs);
+        continue;
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        for (int64_t d = 0; d < D; ++d) qs[r * D + d] = qrows[r * q_rs + d] * qscale;
+        lse2[r] = ctx.lse[ctx.lse_index(s, h, i0 + r)] * kLog2e;
+        Di[r] = dot(dorows + r * q_rs, orows + r * q_rs, D);
+      }
+      pack_block_rows(qrows, q_rs, rows, D, 1.f, qp);
+      pack_block_rows(dorows, q_rs, rows, D, 1.f, dop);
+      bool first = true;
+      for (int64_t k0 = 0; k0 < kv_end; k0 += kBlockK) {
+        const int64_t bk = std::min<int64_t>(kBlockK, kv_end - k0);
+        const int64_t width = (bk + kPanel - 1) / kPanel * kPanel;
+        gemm(rows, width, D, qs, D, 1, kt + k0 * D, kPanel, kPanel * D, S, kBlockK, kStore);
+        if (block_needs_mask(ctx, s, i0, k0, bk)) mask_block(ctx, s, i0, rows, k0, bk, width, S);
+        gemm(rows, width, D, dorows, q_rs, 1, vt + k0 * D, kPanel, kPanel * D, dP, kBlockK, kStore);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* prow = S + r * kBlockK;
+          float* drow = dP + r * kBlockK;
+          if (lse2[r] == inf) {
+            std::fill(prow, prow + width, 0.f);
+          } else {
+            exp2_sub_sum(prow, width, lse2[r]);
+          }
+          const VT di = V::set1(Di[r]), sc = V::set1(p.scale);
+          if (ctx.dropout) {
+            dropout_row(ctx, sub, i0 + r, k0, width, z);
+            for (int64_t j = 0; j < width; j += kW) {
+              const VT pv = V::load(prow + j), zv = V::load(z + j);
+              const VT dpz = V::mul(V::load(drow + j), zv);
+              V::store(drow + j, V::mul(V::mul(pv, V::sub(dpz, di)), sc));
+              V::store(prow + j, V::mul(pv, zv));
+            }
+          } else {
+            for (int64_t j = 0; j < width; j += kW) {
+              const VT pv = V::load(prow + j);
+              V::store(drow + j, V::mul(V::mul(pv, V::sub(V::load(drow + j), di)), sc));
+            }
+          }
+        }
+        // dV[k0:] += (P z)^T dO ; dK[k0:] += dS^T Q ; dQ += dS K[k0:]
+        gemm(bk, D, rows, S, 1, kBlockK, dop, kPanel, qps, dv_acc + k0 * D, D, kAdd);
+        gemm(bk, D, rows, dP, 1, kBlockK, qp, kPanel, qps, dk_acc + k0 * D, D, kAdd);
+        gemm(rows, D, bk, dP, kBlockK, 1, kr + k0 * kPanel, kPanel, kps, dQ, D, first ? kStore : kAdd);
+        first = false;
+      }
+      store_rows(p.kind, dQ, D, rows, D, ctx.dq, (s.q0 + i0) * q_rs + h * D, q_rs);
+    }
+  }
+}
+
+}  // namespace PE_FA_NS
