@@ -295,3 +295,9 @@ def tensor_sharing_host_memory(array: Any) -> Any:
     import paddle
 
     return paddle.utils.dlpack.from_dlpack(array.__dlpack__())
+
+
+def sep_degree(hcg: Any) -> int:
+    """The sep (sequence) parallel degree: 3.x's HybridCommunicateGroup has the axis, 2.6's not."""
+    getter = getattr(hcg, "get_sep_parallel_world_size", None)
+    return int(getter()) if getter is not None else 1

@@ -10,6 +10,11 @@ ParallelEnv().device_id, which a CPU build never sets; and strategy
 hybrid_configs['pp_configs'] accepts Paddle 3.3's keys on every release (kept
 beside the strategy where the protobuf lacks them) and rejects unknown ones,
 which 3.x silently drops.
+
+The engine also carries #55651 (dp/sharding overlap in virtual pp), #56096 (dp and
+sharding together) and #57048 (fused gradient buffers): it reduces the gradients over
+dp and sharding itself, in fused buckets, overlapped with the backward under
+pp_configs.dp_comm_overlap / sharding_comm_overlap (pipeline/grad_sync.py).
 """
 
 from __future__ import annotations
@@ -70,7 +75,7 @@ def _verify() -> bool:
 
 UNIT = PatchUnit(
     name="pipeline_engine",
-    upstream=(58383,),
+    upstream=(58383, 55651, 56096, 57048),
     title="Add unbalance batch for virtual pp",
     summary="fleet.distributed_model returns paddle_ext's PipelineEngine for pp_degree > 1",
     apply=_apply,

@@ -125,7 +125,7 @@ class _Worker:
         """Forgets finished tickets (between steps)."""
         self.tickets = [t for t in self.tickets if not t.done.is_set()]
 
-    def close(self) -> None:
+    def close(self, join: bool = True) -> None:
         pass
 
 
@@ -190,9 +190,10 @@ class ThreadWorker(_Worker):
         backend cannot be interrupted; the thread is a daemon)."""
         self._aborted.set()
 
-    def close(self) -> None:
+    def close(self, join: bool = True) -> None:
         self._queue.put(None)
-        self._thread.join(timeout=1.0)
+        if join:
+            self._thread.join(timeout=1.0)
 
 
 class StreamWorker(_Worker):

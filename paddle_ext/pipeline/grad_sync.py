@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import os
 import time
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
@@ -176,6 +177,10 @@ class GradReducer:
                    settings: Optional[GradSyncSettings]) -> Optional[GradReducer]:
         """A reducer when there is a dp or sharding group to reduce over, else None."""
         settings = settings if settings is not None else GradSyncSettings()
+        if hcg.get_data_parallel_world_size() * hcg.get_sharding_parallel_world_size() > 1 and \
+                compat.sep_degree(hcg) > 1:
+            raise ValueError("sep_degree > 1 together with dp or sharding is not supported by paddle_ext's "
+                             "pipeline engine: the optimizer's dp+sep all-reduce would repeat its dp reduction")
         if hcg.get_data_parallel_world_size() * hcg.get_sharding_parallel_world_size() == 1:
             if settings.dp_overlap or settings.sharding_overlap:
                 which = "dp_comm_overlap" if settings.dp_overlap else "sharding_comm_overlap"
@@ -242,8 +247,13 @@ class GradReducer:
                 slot.param._register_backward_hook(self._hook(b, slot))
 
     def _hook(self, bucket: GradBucket, slot: Any) -> Callable[..., None]:
+        # A weak reference: the hook lives as long as the parameter, the reducer (and its
+        # worker threads) only as long as its engine.
+        reducer = weakref.ref(self)
+
         def hook(*_: Any) -> None:
-            if not self._in_step:
+            self = reducer()
+            if self is None or not self._in_step:
                 return
             if bucket.submitted:
                 # Raised by finish(), before the optimizer could step on a partial sum (an
@@ -318,9 +328,16 @@ class GradReducer:
         self._learned += 1
         self.last = SyncStats(self.overlap, self._collect_records(), self.clock() - start)
 
-    def close(self) -> None:
+    def close(self, join: bool = True) -> None:
+        """Ends the worker threads (also when the reducer is garbage collected)."""
         for w in self.workers.values():
-            w.close()
+            w.close(join)
+
+    def __del__(self) -> None:
+        try:
+            self.close(join=False)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
 
     # --- internals -------------------------------------------------------------------
     def _mark_ready(self, b: GradBucket) -> None:

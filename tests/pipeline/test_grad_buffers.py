@@ -193,6 +193,62 @@ def test_make_worker_picks_thread_inline_and_stream():
     worker.close()
 
 
+def test_stream_worker_orders_with_events_on_its_own_stream(monkeypatch):
+    """The GPU path's logic with recording fakes (no device here): the communication
+    stream waits for an event recorded on the compute stream, the collective runs under
+    the stream guard, a `done` event is recorded after it, `after` makes this stream wait
+    for the other ticket's `done`, and wait_all makes the compute stream wait for all."""
+    from paddle_ext import compat
+    from paddle_ext.comm.collectives import StreamWorker
+
+    log = []
+
+    class Stream:
+        def __init__(self, name):
+            self.name = name
+
+    compute = Stream("compute")
+    current = [compute]
+    made = iter(range(100))
+
+    class Event:
+        def __init__(self):
+            self.id = next(made)
+
+        def record(self, stream):
+            log.append(("record", self.id, stream.name))
+
+        def wait(self, stream):
+            log.append(("wait", self.id, stream.name))
+
+    class Guard:
+        def __init__(self, stream):
+            self.stream = stream
+
+        def __enter__(self):
+            current.append(self.stream)
+
+        def __exit__(self, *exc):
+            current.pop()
+
+    streams = iter([Stream("comm-sharding"), Stream("comm-dp")])
+    monkeypatch.setattr(compat, "new_stream", lambda: next(streams))
+    monkeypatch.setattr(compat, "current_stream", lambda: current[-1])
+    monkeypatch.setattr(compat, "stream_guard", Guard)
+    sharding, dp = StreamWorker("sharding", Event), StreamWorker("dp", Event)
+    first = sharding.submit("b0", lambda: log.append(("reduce", current[-1].name)))
+    dp.submit("b0", lambda: log.append(("all_reduce", current[-1].name)), after=first)
+    dp.wait_all()
+    assert log == [
+        ("record", 0, "compute"), ("wait", 0, "comm-sharding"),     # grads complete on compute
+        ("reduce", "comm-sharding"), ("record", 1, "comm-sharding"),  # done
+        ("record", 2, "compute"), ("wait", 2, "comm-dp"),
+        ("wait", 1, "comm-dp"),                                       # after the sharding reduce
+        ("all_reduce", "comm-dp"), ("record", 3, "comm-dp"),
+        ("wait", 3, "compute"),                                       # before the optimizer step
+    ]
+
+
 # --- settings and the optimizer ------------------------------------------------------------
 
 def test_bucket_size_from_the_environment(monkeypatch):
