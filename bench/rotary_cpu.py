@@ -25,13 +25,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
+import time
 
 import numpy as np
 import paddle
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import median_seconds, memcpy_seconds  # noqa: E402
+from _timing import median_seconds  # noqa: E402
 
 import paddle_ext.ops as ops  # noqa: E402
 
@@ -52,8 +54,7 @@ def fused(q, k, sin, cos, neox):
     return out_q, out_k
 
 
-def bench_style(neox, q, k, grad_q, grad_k, angles, args, threads_list, fwd_bytes, memcpy, memcpy_half,
-                seed_copy):
+def bench_style(neox, q, k, grad_q, grad_k, angles, args, threads_list, fwd_bytes, memcpy, seed_copy):
     s, d = angles.shape[0], 2 * angles.shape[1]
     if neox:  # adjacent pairs share an angle
         cos_np, sin_np = np.cos(np.repeat(angles, 2, axis=1)), np.sin(np.repeat(angles, 2, axis=1))
@@ -82,14 +83,32 @@ def bench_style(neox, q, k, grad_q, grad_k, angles, args, threads_list, fwd_byte
     print(f"{label}: Paddle unfused forward {ref_fwd * 1e3:.0f} ms, forward+backward {ref_both * 1e3:.0f} ms")
     for threads in threads_list:
         ops.set_num_threads(threads)
-        fwd = median_seconds(lambda: run_fwd(fused), args.repeats)
+        fwd, copy_ratio = interleaved(lambda: run_fwd(fused), memcpy, args.repeats)
         both = median_seconds(lambda: run_fwd_bwd(fused), args.repeats)
         net = max(both - seed_copy, 1e-9)
         print(f"  paddle_ext threads={threads}: forward {fwd * 1e3:.1f} ms = {ref_fwd / fwd:.0f}x faster, "
               f"forward+backward {both * 1e3:.1f} ms = {ref_both / both:.0f}x faster "
               f"(without the seed-grad copy {net * 1e3:.1f} ms = {(ref_both - seed_copy) / net:.0f}x); "
-              f"forward {fwd_bytes / fwd / 1e9:.1f} GB/s = {memcpy / fwd:.2f} of memcpy "
-              f"({memcpy_half / fwd:.2f} of equal-traffic memcpy)")
+              f"forward {fwd_bytes / fwd / 1e9:.1f} GB/s = {copy_ratio:.2f} of memcpy "
+              f"({copy_ratio / 2:.2f} of equal-traffic memcpy)")
+
+
+def interleaved(fn, copy, repeats):
+    """Median time of fn, and the median over rounds of copy time / fn time,
+    timing the two alternately so that a busy machine slows both alike."""
+    fn()
+    copy()
+    times, ratios = [], []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        t_fn = time.perf_counter() - start
+        start = time.perf_counter()
+        copy()
+        t_copy = time.perf_counter() - start
+        times.append(t_fn)
+        ratios.append(t_copy / t_fn)
+    return statistics.median(times), statistics.median(ratios)
 
 
 def main() -> None:
@@ -116,13 +135,18 @@ def main() -> None:
     elements = b * s * (h + hk) * d
     table_bytes = 2 * s * d * 4
     fwd_bytes = 2 * elements * 4 + table_bytes  # read q, k and the tables; write out_q, out_k
-    memcpy = memcpy_seconds(fwd_bytes)
-    memcpy_half = memcpy_seconds(fwd_bytes // 2)
+    copy_src = np.ones(fwd_bytes // 4, dtype=np.float32)
+    copy_dst = np.empty_like(copy_src)
+
+    def memcpy():  # numpy copy into a reused buffer, as bench/_timing.memcpy_seconds
+        np.copyto(copy_dst, copy_src)
+
+    memcpy_time = median_seconds(memcpy, args.repeats)
     threads_list = [int(t) for t in args.threads.split(",") if t] or [ops.get_num_threads()]
     print(f"rotary: q [{b}, {s}, {h}, {d}], k [{b}, {s}, {hk}, {d}] float32, sin/cos [1, {s}, 1, {d}]; "
           f"{fwd_bytes / 1e6:.0f} MB read+written per forward (as much per backward)")
-    print(f"memcpy reference: {fwd_bytes / 1e6:.0f} MB in {memcpy * 1e3:.1f} ms = "
-          f"{fwd_bytes / memcpy / 1e9:.1f} GB/s copied")
+    print(f"memcpy reference: {fwd_bytes / 1e6:.0f} MB in {memcpy_time * 1e3:.1f} ms = "
+          f"{fwd_bytes / memcpy_time / 1e9:.1f} GB/s copied (timed again next to each forward below)")
 
     # paddle.grad deep-copies the grads it is given (egr::GradTensorHolder::
     # CopyValueFromTensor), single-threaded into fresh memory: a cost of the
@@ -132,7 +156,7 @@ def main() -> None:
           f"grad_q and grad_k) takes about {seed_copy * 1e3:.0f} ms")
     for style in [x for x in args.styles.split(",") if x]:
         bench_style(style == "neox", q, k, grad_q, grad_k, angles, args, threads_list, fwd_bytes, memcpy,
-                    memcpy_half, seed_copy)
+                    seed_copy)
     ops.set_num_threads(threads_list[0])
     with paddle.no_grad():
         computed = median_seconds(lambda: ops.fused_rotary_position_embedding(q, k), args.repeats)
