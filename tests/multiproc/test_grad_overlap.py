@@ -5,7 +5,8 @@ pp2 x dp2 and pp2 x sharding2 (4 processes) over 1F1B and VPP, balanced (M = 4) 
 unbalanced (M = 3, 5) micro-batch counts, with and without delay_scale_loss, with
 128 MiB buckets and 2 KiB ones; pp2 x sharding2 x dp2 (8 processes) over the same
 eight; and a pp2 x dp2 run with a GradScaler, the forward/backward overlap
-scheduler and overlap_p2p_comm together. See scripts/grad_overlap_parity.py for
+scheduler (examples/overlap_gpt.py, whose overlapped_forward_backward interleaves
+attention/MLP nodes) and overlap_p2p_comm together. See scripts/grad_overlap_parity.py for
 what each config checks (overlap on == off bitwise, the single-process reference,
 the recorded bucket times).
 """
@@ -52,6 +53,6 @@ def test_pp2_sharding2_dp2_eight_processes():
 
 
 def test_pp2_dp2_with_grad_scaler_fb_overlap_scheduler_and_async_p2p():
-    result = launch("grad_overlap_parity.py", "2", "1", "1:3:1:2,2:5:0", "scaler", "fb", "p2p",
+    result = launch("grad_overlap_parity.py", "2", "1", "1:3:1:2,2:5:0", "scaler", "fb", "p2p", "overlapgpt",
                     nproc=4, timeout=150)
-    _check(result, 4, 2, marker="scaler=True fb=True p2p=True")
+    _check(result, 4, 2, marker="scaler=True fb=True p2p=True model=examples.overlap_gpt")

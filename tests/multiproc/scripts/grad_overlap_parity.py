@@ -30,7 +30,9 @@ model's width, default 16). For each config, on every rank:
 
 `scaler`: an AMP GradScaler (loss scaling 2**10) through fleet.distributed_scaler on
 every config. `fb`: pp_configs.forward_backward_overlap_scheduler on every config;
-`p2p`: pp_configs.overlap_p2p_comm.
+`p2p`: pp_configs.overlap_p2p_comm; `overlapgpt`: examples/overlap_gpt.py instead of
+tiny_gpt (attention/MLP schedule nodes; with `fb`, its overlapped_forward_backward runs
+the F&B steps).
 
 Before the configs, the fleet path: the strategy's pp_configs given as a PaddleNLP
 pipeline_parallel_config string ("enable_dp_comm_overlap" / "enable_sharding_comm_
@@ -47,8 +49,10 @@ import paddle.distributed as dist
 import paddle.distributed.fleet as fleet
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
+import examples.overlap_gpt as overlap_gpt  # noqa: E402
+import examples.tiny_gpt as tiny_gpt  # noqa: E402
 import paddle_ext  # noqa: E402
-from examples.tiny_gpt import Embedding, Reference, batch, pipeline_model  # noqa: E402
+from examples.tiny_gpt import batch  # noqa: E402
 from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings  # noqa: E402
 from paddle_ext.pipeline.grad_sync import GradSyncSettings  # noqa: E402
 from paddle_ext.pipeline.schedule.ir import B, GradSync, computes  # noqa: E402
@@ -62,11 +66,14 @@ VOCAB, SEQ, MBS, STEPS, PP = 32, 8, 2, 3, 2
 REF_BOUND = 1e-6
 
 
+MODEL = {"build": tiny_gpt.pipeline_model, "reference": tiny_gpt.Reference, "embedding": tiny_gpt.Embedding}
+
+
 def layer_params(model, stage):
     out = {}
     for layer in model.sublayers():
         if hasattr(layer, "layer_id"):
-            head = isinstance(layer, Embedding) and stage != 0
+            head = isinstance(layer, MODEL["embedding"]) and stage != 0
             for name, p in layer.named_parameters():
                 out[(layer.layer_id, head, name)] = p
     return out
@@ -74,13 +81,15 @@ def layer_params(model, stage):
 
 def ref_param(ref, key):
     layer_id, head, name = key
-    owner, attr = name.split(".")
-    return getattr(getattr(ref.layer(layer_id, head), owner), attr)
+    obj = ref.layer(layer_id, head)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
 
 
 def run_engine(hcg, vpp, m, delay, overlap, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh):
     paddle.seed(0)
-    model = pipeline_model(VOCAB, hidden, SEQ, blocks=PP * vpp, pp=PP, vpp=vpp)
+    model = MODEL["build"](VOCAB, hidden, SEQ, blocks=PP * vpp, pp=PP, vpp=vpp)
     sync = GradSyncSettings(dp_overlap=overlap and dp > 1, sharding_overlap=overlap and sh > 1,
                             bucket_mb=(bucket_kb / 1024.0) if bucket_kb else 128.0)
     extra = {k: True for k, on in (("fb_overlap", fb), ("overlap_p2p", p2p)) if on}  # issue 4's settings
@@ -116,7 +125,7 @@ def shard_grads(ref, ids, labels, m, delay, scaler):
 
 def reference(vpp, m, delay, hidden, dp, sh, use_scaler):
     """Parameters after STEPS steps and per-step, per-shard losses."""
-    ref = Reference(VOCAB, hidden, SEQ, blocks=PP * vpp)
+    ref = MODEL["reference"](VOCAB, hidden, SEQ, blocks=PP * vpp)
     opt = paddle.optimizer.Adam(1e-2, parameters=ref.parameters())
     scaler = paddle.amp.GradScaler(init_loss_scaling=1024.0) if use_scaler else None
     factor = 1.0 / (dp * sh) / (m if delay else 1)
@@ -198,7 +207,7 @@ def check_overlap(engine, stage, small_buckets, strict):
 
 def check_fleet_path(hcg, m, dp, sh, shard):
     paddle.seed(0)
-    model = pipeline_model(VOCAB, 16, SEQ, blocks=PP, pp=PP)
+    model = MODEL["build"](VOCAB, 16, SEQ, blocks=PP, pp=PP)
     engine = fleet.distributed_model(model)
     assert isinstance(engine, PipelineEngine), type(engine)
     sync = engine.settings.grad_sync
@@ -222,6 +231,9 @@ def main():
                         parts[4] if len(parts) > 4 else 16))
     flags = set(sys.argv[4:])
     use_scaler, fb, p2p = "scaler" in flags, "fb" in flags, "p2p" in flags
+    if "overlapgpt" in flags:
+        MODEL.update(build=overlap_gpt.overlap_model, reference=overlap_gpt.Reference,
+                     embedding=overlap_gpt.TiedEmbedding)
     paddle_ext.enable()  # first: the pp_configs string below is the plugin's to parse
     strategy = fleet.DistributedStrategy()
     words = "enable_sharding_comm_overlap" if sh > 1 else "enable_dp_comm_overlap"
@@ -236,7 +248,7 @@ def main():
     check_fleet_path(hcg, configs[0][1], dp, sh, shard)
     for vpp, m, delay, bucket_kb, hidden in configs:
         tag = (f"dp={dp} sharding={sh} vpp={vpp} M={m} delay_scale_loss={delay} bucket_kb={bucket_kb or 131072} "
-               f"hidden={hidden} scaler={use_scaler} fb={fb} p2p={p2p}")
+               f"hidden={hidden} scaler={use_scaler} fb={fb} p2p={p2p} model={MODEL['build'].__module__}")
         _, off, off_losses = run_engine(hcg, vpp, m, delay, False, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh)
         engine, on, on_losses = run_engine(hcg, vpp, m, delay, True, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh)
         for key in off:
