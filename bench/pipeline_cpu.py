@@ -2,11 +2,15 @@
 
 Measured efficiency = single-process step time / (pp * pipelined step time),
 both measured in this run on the same model and micro-batches, each process
-with one thread. Predicted efficiency = the simulator's for the same schedule,
-fed with the F, B and transfer times measured in the pipelined run, plus the
-measured time train_batch spends outside the schedule (optimizer step, tied-
-weight all-reduce, loss broadcast): sum of compute / (pp * (simulated makespan
-+ that time)). Target: measured >= 90% of predicted.
+with one thread. Predicted efficiency = single-process step time / (pp *
+predicted step time), where the predicted step time is the simulator's makespan
+for the same schedule fed with the F, B and transfer times measured in the
+pipelined run, plus the measured time train_batch spends outside the schedule
+(optimizer step, tied-weight all-reduce, loss broadcast). Both use the same
+costs, so their ratio (predicted / measured step time) says how faithfully the
+runtime executes the schedule; the per-action slowdown of two ranks sharing two
+cores' caches and memory is in both. The compute-only efficiency the simulator
+gives for those costs is printed too. Target: measured >= 90% of predicted.
 
     python bench/pipeline_cpu.py [--vpp 1] [--microbatches 8] [--hidden 512] [--steps 5]
 """
@@ -101,9 +105,11 @@ def rank(a) -> None:
     for step in range(1, a.steps + 1):
         per_rank = [g[step] for g in gathered]
         sim = simulate(schedule, measured_costs(schedule, per_rank))
-        predictions.append(float(sum(sim.busy)) / (PP * (float(sim.makespan) + outside[step])))
+        predictions.append((float(sim.makespan) + outside[step], float(sum(sim.busy)) / (PP * float(sim.makespan))))
     with open(a.out, "w") as f:
-        json.dump({"step": statistics.median(times[1:]), "predicted": statistics.median(predictions)}, f)
+        json.dump({"step": statistics.median(times[1:]),
+                   "predicted_step": statistics.median(p[0] for p in predictions),
+                   "schedule_efficiency": statistics.median(p[1] for p in predictions)}, f)
 
 
 def launch(a) -> None:
@@ -123,10 +129,12 @@ def launch(a) -> None:
     with open(pipe_out) as f:
         pipe = json.load(f)
     measured = t_single / (PP * pipe["step"])
+    predicted = t_single / (PP * pipe["predicted_step"])
     print(f"pipeline_cpu: pp={PP} vpp={a.vpp} M={a.microbatches} hidden={a.hidden} seq={a.seq}, 1 thread per process")
-    print(f"reference single process: {t_single * 1e3:.1f} ms/step; pipelined: {pipe['step'] * 1e3:.1f} ms/step")
-    print(f"efficiency measured {measured:.1%}, simulator with measured costs {pipe['predicted']:.1%}: "
-          f"measured/predicted = {measured / pipe['predicted']:.2f} (target >= 0.90)")
+    print(f"reference single process: {t_single * 1e3:.1f} ms/step; pipelined: {pipe['step'] * 1e3:.1f} ms/step, "
+          f"simulator's prediction {pipe['predicted_step'] * 1e3:.1f} ms/step")
+    print(f"efficiency measured {measured:.1%}, predicted {predicted:.1%} (the schedule alone: "
+          f"{pipe['schedule_efficiency']:.1%}): measured/predicted = {measured / predicted:.2f} (target >= 0.90)")
 
 
 def main(argv=None) -> None:
