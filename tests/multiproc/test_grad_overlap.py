@@ -4,9 +4,9 @@ Each launch loops over configs inside one job (start-up dominates on 2 cores):
 pp2 x dp2 and pp2 x sharding2 (4 processes) over 1F1B and VPP, balanced (M = 4) and
 unbalanced (M = 3, 5) micro-batch counts, with and without delay_scale_loss, with
 128 MiB buckets and 2 KiB ones; pp2 x sharding2 x dp2 (8 processes) over the same
-eight; and a pp2 x dp2 run with a GradScaler, the forward/backward overlap
-scheduler (examples/overlap_gpt.py, whose overlapped_forward_backward interleaves
-attention/MLP nodes) and overlap_p2p_comm together. See scripts/grad_overlap_parity.py for
+eight plus two with the forward/backward overlap scheduler (examples/overlap_gpt.py,
+whose overlapped_forward_backward interleaves attention/MLP nodes); and a pp2 x dp2 run
+with a GradScaler, the overlap scheduler and overlap_p2p_comm together. See scripts/grad_overlap_parity.py for
 what each config checks (overlap on == off bitwise, the single-process reference,
 the recorded bucket times).
 """
@@ -19,9 +19,12 @@ from tests.multiproc.launch import launch
 
 pytestmark = pytest.mark.multiprocess
 
-# VPP:M:DELAY[:BUCKET_KB[:HIDDEN]]: 1F1B and VPP x M balanced (4) / unbalanced (3, 5)
-# x delay_scale_loss off / on, alternating 128 MiB and 2 KiB buckets
+# VPP:M:DELAY[:BUCKET_KB[:HIDDEN[:OPTS]]]: 1F1B and VPP x M balanced (4) / unbalanced (3,
+# 5) x delay_scale_loss off / on, alternating 128 MiB and 2 KiB buckets
 EIGHT = "1:4:0,1:4:1:2,1:3:0:2,1:5:1,2:4:0:2,2:4:1,2:5:0,2:3:1:2"
+# the forward/backward overlap scheduler through examples/overlap_gpt.py's
+# overlapped_forward_backward, 1F1B and VPP (unbalanced), with overlap_p2p_comm on one
+FB = "1:4:1:2:16:fo,2:5:0:0:16:fop"
 # the timing evidence with backwards long enough to be unambiguous on a loaded machine
 TIMING = "2:4:0:0:256"
 
@@ -45,11 +48,11 @@ def test_pp2_dp2_overlap_equals_sync_and_reference_and_launches_during_backward(
 
 
 def test_pp2_sharding2_overlap_equals_sync_and_reference():
-    _check(launch("grad_overlap_parity.py", "1", "2", EIGHT, nproc=4, timeout=180), 4, 8)
+    _check(launch("grad_overlap_parity.py", "1", "2", f"{EIGHT},{FB}", nproc=4, timeout=180), 4, 10)
 
 
 def test_pp2_sharding2_dp2_eight_processes():
-    _check(launch("grad_overlap_parity.py", "2", "2", EIGHT, nproc=8, timeout=240), 8, 8)
+    _check(launch("grad_overlap_parity.py", "2", "2", f"{EIGHT},{FB}", nproc=8, timeout=300), 8, 10)
 
 
 def test_pp2_dp2_with_grad_scaler_fb_overlap_scheduler_and_async_p2p():

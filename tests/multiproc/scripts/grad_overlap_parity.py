@@ -2,9 +2,10 @@
 
 Usage: grad_overlap_parity.py DP SHARDING CONFIGS [scaler] [fb] [p2p]
 
-CONFIGS: comma-separated VPP:M:DELAY[:BUCKET_KB[:HIDDEN]] (DELAY 0/1:
+CONFIGS: comma-separated VPP:M:DELAY[:BUCKET_KB[:HIDDEN[:OPTS]]] (DELAY 0/1:
 delay_scale_loss; BUCKET_KB: bucket size in KiB, 0 or absent: 128 MiB; HIDDEN: the
-model's width, default 16). For each config, on every rank:
+model's width, default 16; OPTS: letters switching on, for this config, f (fb),
+p (p2p), o (overlapgpt), as the flags below do for all). For each config, on every rank:
 
 1. 3 Adam steps with overlap off, then the same with overlap on (fresh model and
    optimizer, both through fleet.distributed_optimizer, so sharding uses Paddle's
@@ -205,6 +206,13 @@ def check_overlap(engine, stage, small_buckets, strict):
             f"inside their own chunk's last backward; finish() {stats.finish_seconds * 1e3:.1f} ms")
 
 
+def use_model(overlap: bool):
+    module = overlap_gpt if overlap else tiny_gpt
+    MODEL.update(build=overlap_gpt.overlap_model if overlap else tiny_gpt.pipeline_model,
+                 reference=module.Reference,
+                 embedding=overlap_gpt.TiedEmbedding if overlap else tiny_gpt.Embedding)
+
+
 def check_fleet_path(hcg, m, dp, sh, shard):
     paddle.seed(0)
     model = MODEL["build"](VOCAB, 16, SEQ, blocks=PP, pp=PP)
@@ -225,15 +233,16 @@ def check_fleet_path(hcg, m, dp, sh, shard):
 def main():
     dp, sh = int(sys.argv[1]), int(sys.argv[2])
     configs = []
-    for item in sys.argv[3].split(","):
-        parts = [int(x) for x in item.split(":")]
-        configs.append((parts[0], parts[1], bool(parts[2]), parts[3] if len(parts) > 3 else 0,
-                        parts[4] if len(parts) > 4 else 16))
     flags = set(sys.argv[4:])
-    use_scaler, fb, p2p = "scaler" in flags, "fb" in flags, "p2p" in flags
-    if "overlapgpt" in flags:
-        MODEL.update(build=overlap_gpt.overlap_model, reference=overlap_gpt.Reference,
-                     embedding=overlap_gpt.TiedEmbedding)
+    use_scaler = "scaler" in flags
+    for item in sys.argv[3].split(","):
+        parts = item.split(":")
+        nums = [int(x) for x in parts[:5]]
+        opts = parts[5] if len(parts) > 5 else ""
+        configs.append((nums[0], nums[1], bool(nums[2]), nums[3] if len(nums) > 3 else 0,
+                        nums[4] if len(nums) > 4 else 16, "fb" in flags or "f" in opts,
+                        "p2p" in flags or "p" in opts, "overlapgpt" in flags or "o" in opts))
+    use_model(configs[0][7])
     paddle_ext.enable()  # first: the pp_configs string below is the plugin's to parse
     strategy = fleet.DistributedStrategy()
     words = "enable_sharding_comm_overlap" if sh > 1 else "enable_dp_comm_overlap"
@@ -246,7 +255,8 @@ def main():
     me = dist.get_rank()
     shard = hcg.get_data_parallel_rank() * sh + (hcg.get_sharding_parallel_rank() if sh > 1 else 0)
     check_fleet_path(hcg, configs[0][1], dp, sh, shard)
-    for vpp, m, delay, bucket_kb, hidden in configs:
+    for vpp, m, delay, bucket_kb, hidden, fb, p2p, overlap_model in configs:
+        use_model(overlap_model)
         tag = (f"dp={dp} sharding={sh} vpp={vpp} M={m} delay_scale_loss={delay} bucket_kb={bucket_kb or 131072} "
                f"hidden={hidden} scaler={use_scaler} fb={fb} p2p={p2p} model={MODEL['build'].__module__}")
         _, off, off_losses = run_engine(hcg, vpp, m, delay, False, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh)
