@@ -4,7 +4,8 @@
 Upstream's flash attention runs on GPUs only: on CPU, Paddle's
 paddle.nn.functional.flash_attention.flash_attention falls back to the plain
 S x S math path (one thread by default, quadratic memory; it ignores
-softmax_scale, fixed_seed_offset and rng_name), flash_attn_unpadded has no
+softmax_scale, fixed_seed_offset and rng_name; on 2.6.2 causal=True fails
+there, its fused causal softmax being GPU-only), flash_attn_unpadded has no
 CPU kernel at all, and 2.6.2's flash_attention lacks 3.x's softmax_scale.
 This unit points both names of that module at paddle_ext.ops.flash_attention
 (tiled CPU kernel, CUDA / HIP kernels, Paddle's native GPU kernel where it

@@ -63,8 +63,9 @@ def reference(q, k, v, dout, scale, causal, keep=None, p_drop=0.0):
     di = (doh * out).sum(axis=-1, keepdims=True)
     ds = p * (dp - di) * scale
     dq = ds @ kh
-    dk = (ds.transpose(0, 2, 1) @ qh).reshape(hk, group, lk, -1).sum(axis=1)
-    dv = ((p * z).transpose(0, 2, 1) @ doh).reshape(hk, group, lk, -1).sum(axis=1)
+    d = q.shape[-1]
+    dk = (ds.transpose(0, 2, 1) @ qh).reshape(hk, group, lk, d).sum(axis=1)
+    dv = ((p * z).transpose(0, 2, 1) @ doh).reshape(hk, group, lk, d).sum(axis=1)
     return (out.transpose(1, 0, 2), lse, dq.transpose(1, 0, 2), dk.transpose(1, 0, 2), dv.transpose(1, 0, 2))
 
 
@@ -128,6 +129,8 @@ PADDED = [  # batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, causal
     (1, 64, 300, 3, 1, 32, False),
     (1, 1000, 1000, 1, 1, 64, True),
     (1, 1000, 17, 2, 2, 64, False),
+    (1, 20, 33, 2, 1, 256, True),
+    (1, 9, 0, 2, 2, 32, False),       # no keys: zeros, lse +inf
 ]
 
 
@@ -203,7 +206,11 @@ def test_matches_paddles_own_cpu_flash_attention():
     qt, kt, vt = tensors(q, k, v, grad=False)
     original = getattr(paddle_fa.flash_attention, "__wrapped__", paddle_fa.flash_attention)
     for causal in (False, True):
-        ref, _ = original(qt, kt, vt, 0.0, causal, False)
+        try:
+            ref, _ = original(qt, kt, vt, 0.0, causal, False)
+        except NotImplementedError:  # 2.6.2: its causal CPU path needs a GPU-only fused softmax
+            assert causal
+            continue
         out, softmax = flash_attention(qt, kt, vt, 0.0, causal, False)
         assert softmax is None
         np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
@@ -219,6 +226,15 @@ def test_signatures_match_paddle_3_3():
     assert list(unpadded)[:15] == ["query", "key", "value", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q",
                                    "max_seqlen_k", "scale", "dropout", "causal", "return_softmax",
                                    "fixed_seed_offset", "rng_name", "training", "name"]
+
+
+def test_non_contiguous_inputs():
+    x = paddle.to_tensor(rng(16).standard_normal((1, 30, 6, 32)).astype(np.float32))
+    q, k = x[:, :, 0:4], x[:, :, 4:6]  # views into x
+    out, _ = flash_attention(q, k, k, causal=True)
+    xs = x.numpy()
+    r = reference(xs[0, :, 0:4], xs[0, :, 4:6], xs[0, :, 4:6], xs[0, :, 0:4], 32 ** -0.5, True)
+    check("out", out.numpy()[0], r[0])
 
 
 def test_softmax_scale():

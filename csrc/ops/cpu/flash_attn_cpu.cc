@@ -40,13 +40,10 @@
 namespace paddle_ext::flash_attn {
 namespace {
 
-#ifndef PE_FA_BQ
-#define PE_FA_BQ 48
-#define PE_FA_BK 256
-#endif
-constexpr int64_t kBlockQ = PE_FA_BQ;   // queries per task (a multiple of the micro-kernel's 6 rows)
-constexpr int64_t kBlockK = PE_FA_BK;  // keys per inner step (a multiple of kPanel)
+constexpr int64_t kBlockQ = 48;   // queries per task (a multiple of the micro-kernel's 6 rows)
+constexpr int64_t kBlockK = 256;  // keys per inner step (a multiple of kPanel and of 32)
 constexpr int64_t kPanel = 16;    // columns of a packed K^T / V^T panel
+static_assert(kBlockQ % 6 == 0 && kBlockK % 32 == 0, "block sizes");
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
 
@@ -98,7 +95,7 @@ struct Ctx {
 };
 
 // z[j] = 1 / (1 - p) for kept and 0 for dropped elements (i, k0 + j), j < n (n % 4 == 0).
-void dropout_row(const Ctx& ctx, uint64_t subsequence, int64_t i, int64_t k0, int64_t n, float* z) {
+void dropout_row_scalar(const Ctx& ctx, uint64_t subsequence, int64_t i, int64_t k0, int64_t n, float* z) {
   for (int64_t j = 0; j < n; j += 4) {
     const Philox4 r = dropout_bits(ctx.p.seed, subsequence, i, (k0 + j) >> 2);
     for (int w = 0; w < 4; ++w) z[j + w] = r.x[w] >= ctx.threshold ? ctx.inv_keep : 0.f;
@@ -245,6 +242,8 @@ std::vector<QueryTask> query_tasks(const Problem& p) {
 
 struct VecGeneric {
   static constexpr int kWidth = 8;
+  static constexpr bool kHasPhilox8 = false;
+  static void dropout32(uint64_t, uint64_t, int64_t, int64_t, uint32_t, float, float*) {}
   struct T {
     float v[8];
   };
@@ -318,7 +317,54 @@ namespace {
 
 struct VecAvx2 {
   static constexpr int kWidth = 8;
+  static constexpr bool kHasPhilox8 = true;
   using T = __m256;
+
+  // 32-bit lanes: (hi, lo) halves of a * m for a constant multiplier m.
+  static void mulhilo8(__m256i a, __m256i m, __m256i* hi, __m256i* lo) {
+    const __m256i even = _mm256_mul_epu32(a, m);                         // lanes 0, 2, 4, 6 as 64-bit
+    const __m256i odd = _mm256_mul_epu32(_mm256_srli_epi64(a, 32), m);  // lanes 1, 3, 5, 7
+    *lo = _mm256_blend_epi32(even, _mm256_slli_epi64(odd, 32), 0xAA);
+    *hi = _mm256_blend_epi32(_mm256_srli_epi64(even, 32), odd, 0xAA);
+  }
+
+  // keep_element() of flash_attn.h for columns 4 * j4 .. 4 * j4 + 31 of row i:
+  // eight Philox4x32-10 counters in parallel, then words back in column order.
+  static void dropout32(uint64_t seed, uint64_t sub, int64_t i, int64_t j4, uint32_t threshold, float inv_keep,
+                        float* z) {
+    __m256i c0 = _mm256_add_epi32(_mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(j4))),
+                                  _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256i c1 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(i)));
+    __m256i c2 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(sub)));
+    __m256i c3 = _mm256_set1_epi32(static_cast<int>(static_cast<uint32_t>(sub >> 32)));
+    uint32_t k0 = static_cast<uint32_t>(seed), k1 = static_cast<uint32_t>(seed >> 32);
+    const __m256i m0 = _mm256_set1_epi32(static_cast<int>(0xD2511F53u));
+    const __m256i m1 = _mm256_set1_epi32(static_cast<int>(0xCD9E8D57u));
+    for (int round = 0; round < 10; ++round) {
+      __m256i hi0, lo0, hi1, lo1;
+      mulhilo8(c0, m0, &hi0, &lo0);
+      mulhilo8(c2, m1, &hi1, &lo1);
+      c0 = _mm256_xor_si256(_mm256_xor_si256(hi1, c1), _mm256_set1_epi32(static_cast<int>(k0)));
+      c1 = lo1;
+      c2 = _mm256_xor_si256(_mm256_xor_si256(hi0, c3), _mm256_set1_epi32(static_cast<int>(k1)));
+      c3 = lo0;
+      k0 += 0x9E3779B9u;
+      k1 += 0xBB67AE85u;
+    }
+    // c0..c3 hold word 0..3 of counters 0..7: transpose to columns 0..31.
+    const __m256i t0 = _mm256_unpacklo_epi32(c0, c1), t1 = _mm256_unpackhi_epi32(c0, c1);
+    const __m256i t2 = _mm256_unpacklo_epi32(c2, c3), t3 = _mm256_unpackhi_epi32(c2, c3);
+    const __m256i u0 = _mm256_unpacklo_epi64(t0, t2), u1 = _mm256_unpackhi_epi64(t0, t2);
+    const __m256i u2 = _mm256_unpacklo_epi64(t1, t3), u3 = _mm256_unpackhi_epi64(t1, t3);
+    const __m256i cols[4] = {_mm256_permute2x128_si256(u0, u1, 0x20), _mm256_permute2x128_si256(u2, u3, 0x20),
+                             _mm256_permute2x128_si256(u0, u1, 0x31), _mm256_permute2x128_si256(u2, u3, 0x31)};
+    const __m256i thr = _mm256_set1_epi32(static_cast<int>(threshold));
+    const __m256 inv = _mm256_set1_ps(inv_keep);
+    for (int b = 0; b < 4; ++b) {
+      const __m256i keep = _mm256_cmpeq_epi32(_mm256_max_epu32(cols[b], thr), cols[b]);  // word >= threshold
+      _mm256_storeu_ps(z + 8 * b, _mm256_and_ps(_mm256_castsi256_ps(keep), inv));
+    }
+  }
   static T zero() { return _mm256_setzero_ps(); }
   static T set1(float x) { return _mm256_set1_ps(x); }
   static T load(const float* p) { return _mm256_loadu_ps(p); }

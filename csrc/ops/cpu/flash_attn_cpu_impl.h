@@ -12,7 +12,7 @@
 //    query tile is pre-multiplied by scale * log2(e)).
 //
 // Expects, from the includer: PE_FA_NS, PE_FA_VEC, and in the enclosing
-// namespace: Ctx, Seq, seq(), kBlockQ, kBlockK, kPanel, dropout_row(),
+// namespace: Ctx, Seq, seq(), kBlockQ, kBlockK, kPanel, dropout_row_scalar(),
 // store_rows(), load_rows().
 
 namespace PE_FA_NS {
@@ -24,6 +24,18 @@ constexpr int kW = V::kWidth;
 static_assert(kPanel == 2 * kW, "a panel is two vectors wide");
 
 enum Mode { kStore = 0, kAdd = 1, kScaleAdd = 2 };
+
+// z[j] = 1 / (1 - p) for kept and 0 for dropped elements (i, k0 + j), j < n
+// (n a multiple of 16; z has room for n rounded up to 32): V::dropout32 draws
+// 32 columns (8 Philox counters) at a time where the ISA has it.
+inline void dropout_row(const Ctx& ctx, uint64_t subsequence, int64_t i, int64_t k0, int64_t n, float* z) {
+  if constexpr (V::kHasPhilox8) {
+    for (int64_t j = 0; j < n; j += 32)
+      V::dropout32(ctx.p.seed, subsequence, i, (k0 + j) >> 2, ctx.threshold, ctx.inv_keep, z + j);
+  } else {
+    dropout_row_scalar(ctx, subsequence, i, k0, n, z);
+  }
+}
 
 // C[M x NV*8] (op)= A B. A(m, k) = a[m * a_rs + k * a_cs], B(k, n) = b[k * b_rs + n],
 // C(m, n) = c[m * c_rs + n]; kScaleAdd: C = alpha[m] * C + A B.
