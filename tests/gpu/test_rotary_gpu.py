@@ -17,24 +17,9 @@ import itertools
 import numpy as np
 import pytest
 
+from tests.gpu._device import gpu_skip_reason
 
-def _gpu_skip_reason() -> str | None:
-    try:
-        import paddle
-    except ImportError as err:
-        return f"paddle is not importable ({err})"
-    if not (paddle.is_compiled_with_cuda() or paddle.is_compiled_with_rocm()):
-        return f"Paddle {paddle.__version__} is not a CUDA or ROCm build"
-    try:
-        count = paddle.device.cuda.device_count()
-    except Exception as err:  # a GPU build on a machine without a driver
-        return f"no GPU device ({err})"
-    if count < 1:
-        return "no GPU device"
-    return None
-
-
-_SKIP_REASON = _gpu_skip_reason()
+_SKIP_REASON = gpu_skip_reason()
 if _SKIP_REASON is not None:
     pytest.skip(f"GPU tests of fused_rotary_position_embedding: {_SKIP_REASON}", allow_module_level=True)
 
