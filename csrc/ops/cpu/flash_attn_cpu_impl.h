@@ -144,23 +144,51 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return V::hsum(acc);
 }
 
-// Masks S in place: row r (query i0 + r) keeps columns [0, visible(r)) of
-// the block's `width` (a multiple of 8) columns and gets -inf elsewhere.
+// Keys [k0, k0 + bk) a query i sees, counted from k0.
+inline int64_t visible_cols(const Ctx& ctx, const Seq& s, int64_t i, int64_t k0, int64_t bk) {
+  if (!ctx.p.causal) return bk;
+  return std::min<int64_t>(bk, std::max<int64_t>(0, i + (s.lk - s.lq) + 1 - k0));
+}
+
+// Masks in place: row r (query i0 + r) keeps columns [0, visible) of the
+// block's `width` (a multiple of 16) columns; S gets -inf elsewhere, and dP
+// (when given) 0, so that columns a row group did not compute hold no garbage.
 inline void mask_block(const Ctx& ctx, const Seq& s, int64_t i0, int64_t rows, int64_t k0, int64_t bk, int64_t width,
-                       float* S) {
+                       float* S, float* dP = nullptr) {
   const float ninf = -std::numeric_limits<float>::infinity();
   for (int64_t r = 0; r < rows; ++r) {
-    int64_t visible = bk;
-    if (ctx.p.causal) visible = std::min<int64_t>(bk, std::max<int64_t>(0, i0 + r + (s.lk - s.lq) + 1 - k0));
-    float* row = S + r * kBlockK;
-    for (int64_t j = visible; j < width; ++j) row[j] = ninf;
+    const int64_t visible = visible_cols(ctx, s, i0 + r, k0, bk);
+    std::fill(S + r * kBlockK + visible, S + r * kBlockK + width, ninf);
+    if (dP) std::fill(dP + r * kBlockK + visible, dP + r * kBlockK + width, 0.f);
   }
 }
 
-inline bool block_needs_mask(const Ctx& ctx, const Seq& s, int64_t i0, int64_t k0, int64_t bk) {
-  if (bk % kPanel != 0) return true;  // zero-padded panel columns
+// A causal block that crosses the diagonal (some keys hidden from some rows).
+inline bool diagonal_block(const Ctx& ctx, const Seq& s, int64_t i0, int64_t k0, int64_t bk) {
   return ctx.p.causal && k0 + bk - 1 > i0 + (s.lk - s.lq);
 }
+
+inline bool block_needs_mask(const Ctx& ctx, const Seq& s, int64_t i0, int64_t k0, int64_t bk) {
+  return bk % kPanel != 0 || diagonal_block(ctx, s, i0, k0, bk);  // zero-padded panel columns, or causal
+}
+
+// Calls fn(r0, nr, keys) for the block's rows: all rows with all bk keys, or,
+// on a diagonal block, groups of kDiagRows rows with the keys their last row
+// sees, so that little of the masked triangle is computed.
+constexpr int64_t kDiagRows = 2 * kMR;
+template <typename Fn>
+inline void row_groups(const Ctx& ctx, const Seq& s, int64_t i0, int64_t rows, int64_t k0, int64_t bk, Fn&& fn) {
+  if (!diagonal_block(ctx, s, i0, k0, bk)) {
+    fn(int64_t{0}, rows, bk);
+    return;
+  }
+  for (int64_t r0 = 0; r0 < rows; r0 += kDiagRows) {
+    const int64_t nr = std::min<int64_t>(kDiagRows, rows - r0);
+    fn(r0, nr, visible_cols(ctx, s, i0 + r0 + nr - 1, k0, bk));
+  }
+}
+
+inline int64_t panel_width(int64_t n) { return (n + kPanel - 1) / kPanel * kPanel; }
 
 // Packs rows x D of src (row stride src_rs, optionally scaled) as panels of
 // 16 columns: dst[(n / 16) * kBlockQ * 16 + r * 16 + n % 16], zero-padded.
@@ -209,7 +237,10 @@ inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
   for (int64_t k0 = 0; k0 < kv_end; k0 += kBlockK) {
     const int64_t bk = std::min<int64_t>(kBlockK, kv_end - k0);
     const int64_t width = (bk + kPanel - 1) / kPanel * kPanel;
-    gemm(rows, width, D, qs, D, 1, kt + k0 * D, kPanel, kPanel * D, S, kBlockK, kStore);
+    row_groups(ctx, s, i0, rows, k0, bk, [&](int64_t r0, int64_t nr, int64_t keys) {
+      gemm(nr, panel_width(keys), D, qs + r0 * D, D, 1, kt + k0 * D, kPanel, kPanel * D, S + r0 * kBlockK, kBlockK,
+           kStore);
+    });
     if (block_needs_mask(ctx, s, i0, k0, bk)) mask_block(ctx, s, i0, rows, k0, bk, width, S);
     for (int64_t r = 0; r < rows; ++r) {
       float* row = S + r * kBlockK;
@@ -223,7 +254,10 @@ inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
         mul_rows(row, z, width);
       }
     }
-    gemm(rows, D, bk, S, kBlockK, 1, vr + k0 * kPanel, kPanel, vps, O, D, first ? kStore : kScaleAdd, alpha);
+    row_groups(ctx, s, i0, rows, k0, bk, [&](int64_t r0, int64_t nr, int64_t keys) {
+      gemm(nr, D, keys, S + r0 * kBlockK, kBlockK, 1, vr + k0 * kPanel, kPanel, vps, O + r0 * D, D,
+           first ? kStore : kScaleAdd, alpha + r0);
+    });
     first = false;
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -337,9 +371,13 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
       for (int64_t k0 = 0; k0 < kv_end; k0 += kBlockK) {
         const int64_t bk = std::min<int64_t>(kBlockK, kv_end - k0);
         const int64_t width = (bk + kPanel - 1) / kPanel * kPanel;
-        gemm(rows, width, D, qs, D, 1, kt + k0 * D, kPanel, kPanel * D, S, kBlockK, kStore);
-        if (block_needs_mask(ctx, s, i0, k0, bk)) mask_block(ctx, s, i0, rows, k0, bk, width, S);
-        gemm(rows, width, D, dorows, q_rs, 1, vt + k0 * D, kPanel, kPanel * D, dP, kBlockK, kStore);
+        row_groups(ctx, s, i0, rows, k0, bk, [&](int64_t r0, int64_t nr, int64_t keys) {
+          const int64_t w = panel_width(keys);
+          gemm(nr, w, D, qs + r0 * D, D, 1, kt + k0 * D, kPanel, kPanel * D, S + r0 * kBlockK, kBlockK, kStore);
+          gemm(nr, w, D, dorows + r0 * q_rs, q_rs, 1, vt + k0 * D, kPanel, kPanel * D, dP + r0 * kBlockK, kBlockK,
+               kStore);
+        });
+        if (block_needs_mask(ctx, s, i0, k0, bk)) mask_block(ctx, s, i0, rows, k0, bk, width, S, dP);
         for (int64_t r = 0; r < rows; ++r) {
           float* prow = S + r * kBlockK;
           float* drow = dP + r * kBlockK;
@@ -367,7 +405,10 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
         // dV[k0:] += (P z)^T dO ; dK[k0:] += dS^T Q ; dQ += dS K[k0:]
         gemm(bk, D, rows, S, 1, kBlockK, dop, kPanel, qps, dv_acc + k0 * D, D, kAdd);
         gemm(bk, D, rows, dP, 1, kBlockK, qp, kPanel, qps, dk_acc + k0 * D, D, kAdd);
-        gemm(rows, D, bk, dP, kBlockK, 1, kr + k0 * kPanel, kPanel, kps, dQ, D, first ? kStore : kAdd);
+        row_groups(ctx, s, i0, rows, k0, bk, [&](int64_t r0, int64_t nr, int64_t keys) {
+          gemm(nr, D, keys, dP + r0 * kBlockK, kBlockK, 1, kr + k0 * kPanel, kPanel, kps, dQ + r0 * D, D,
+               first ? kStore : kAdd);
+        });
         first = false;
       }
       store_rows(p.kind, dQ, D, rows, D, ctx.dq, (s.q0 + i0) * q_rs + h * D, q_rs);
