@@ -136,6 +136,12 @@ PADDED = [  # batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, causal
 
 @pytest.mark.parametrize("b,sq,sk,hq,hk,d,causal", PADDED)
 def test_padded_matches_float64_reference(b, sq, sk, hq, hk, d, causal):
+    from paddle_ext import compat
+
+    if sk == 0 and compat.paddle_version() < (3, 0, 0):
+        # Paddle 2.6's custom-op grad node rejects a zero-size grad output (dk, dv) as
+        # "not initialized"; the forward works, the backward cannot be expressed there.
+        pytest.skip("Paddle 2.6 cannot return zero-size grads from a custom op")
     q, k, v, dout = padded_case(b, sq, sk, hq, hk, d, salt=hash((b, sq, sk, hq, hk, d, causal)) % 2**31)
     out, lse, dq, dk, dv = run_padded(q, k, v, dout, causal)
     scale = d ** -0.5
