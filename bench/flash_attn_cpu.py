@@ -21,7 +21,9 @@ minus the RSS before it.
 
 Run: python bench/flash_attn_cpu.py [--seqs 512,1024,2048,4096] [--threads 1,2]
      [--repeats 5] [--torch-python /path/to/python] [--memory-seq 4096]
-     [--paddle-max-seq 4096]
+     [--paddle-max-seq 4096] [--clock wall|cpu]
+(--clock cpu times process CPU time, with --threads 1: steadier on a loaded
+machine, since it leaves out the time spent waiting for a core.)
 """
 
 from __future__ import annotations
@@ -37,6 +39,9 @@ import time
 import numpy as np
 
 HERE = os.path.abspath(__file__)
+# --clock cpu: process CPU time instead of wall time (1 thread only): on a shared,
+# loaded machine it leaves out the time the process waited for a core.
+CLOCK = time.process_time if os.environ.get("FLASH_ATTN_BENCH_CLOCK") == "cpu" else time.perf_counter
 
 
 def attention_flops(s: int, heads: int, d: int, causal: bool, backward: bool) -> float:
@@ -122,9 +127,9 @@ def gemm_seconds(lib: str, n: int, threads: int) -> float:
     fn()
     samples = []
     for _ in range(5):
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         fn()
-        samples.append(time.perf_counter() - t0)
+        samples.append(CLOCK() - t0)
     return statistics.median(samples)
 
 
@@ -176,9 +181,9 @@ class TorchWorker:
     def once(self) -> float:
         if self.proc:
             return self._ask({"op": "once"})["seconds"]
-        t0 = time.perf_counter()
+        t0 = CLOCK()
         self.current()
-        return time.perf_counter() - t0
+        return CLOCK() - t0
 
     def gemm(self, n: int, threads: int) -> float:
         if self.proc:
@@ -205,9 +210,9 @@ def torch_worker_main() -> None:
             current()
             reply = {}
         elif msg["op"] == "once":
-            t0 = time.perf_counter()
+            t0 = CLOCK()
             current()
-            reply = {"seconds": time.perf_counter() - t0}
+            reply = {"seconds": CLOCK() - t0}
         else:
             reply = {"seconds": gemm_seconds("torch", msg["n"], msg["threads"])}
         print(json.dumps(reply), flush=True)
@@ -264,7 +269,15 @@ def main() -> None:
     parser.add_argument("--torch-python", default=os.environ.get("PADDLE_EXT_BENCH_TORCH_PYTHON"))
     parser.add_argument("--memory-seq", type=int, default=4096, help="0 skips the memory table")
     parser.add_argument("--modes", default="fwd,fwd+bwd")
+    parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                        help="cpu: process CPU time (only with --threads 1), for a loaded machine")
     args = parser.parse_args()
+    if args.clock == "cpu":
+        if args.threads != "1":
+            parser.error("--clock cpu needs --threads 1 (CPU time adds up the threads)")
+        os.environ["FLASH_ATTN_BENCH_CLOCK"] = "cpu"  # for the PyTorch worker process too
+        global CLOCK
+        CLOCK = time.process_time
 
     import paddle
 
@@ -279,8 +292,8 @@ def main() -> None:
           f"{paddle.__version__} flash_attention (math path)"
           + (f" and PyTorch {torch_worker.version} scaled_dot_product_attention" if torch_worker
              else " (PyTorch not importable: no PyTorch column; --torch-python PATH adds it)"))
-    print("ratios: reference time / paddle_ext time (> 1: paddle_ext is faster); medians of "
-          f"{args.repeats} interleaved calls")
+    print(f"ratios: reference time / paddle_ext time (> 1: paddle_ext is faster); medians of "
+          f"{args.repeats} interleaved calls; {args.clock} clock")
 
     summary = []
     for threads in thread_counts:
@@ -302,9 +315,9 @@ def main() -> None:
                     warm = {}
                     for name, impl in impls.items():
                         impl.set_threads(threads)
-                        t0 = time.perf_counter()
+                        t0 = CLOCK()
                         impl()  # warm-up
-                        warm[name] = time.perf_counter() - t0
+                        warm[name] = CLOCK() - t0
                     if torch_worker:
                         torch_worker.setup(cfg, threads)
                     samples = {name: [] for name in list(impls) + (["torch"] if torch_worker else [])}
@@ -312,9 +325,9 @@ def main() -> None:
                         for name, impl in impls.items():
                             if warm[name] > args.slow_seconds and rep >= 2:
                                 continue  # Paddle's math path at large S: a median of 2 calls
-                            t0 = time.perf_counter()
+                            t0 = CLOCK()
                             impl()
-                            samples[name].append(time.perf_counter() - t0)
+                            samples[name].append(CLOCK() - t0)
                         if torch_worker:
                             samples["torch"].append(torch_worker.once())
                     med = {name: statistics.median(v) for name, v in samples.items()}

@@ -11,10 +11,12 @@
 // Backward: one unit per (sequence, kv head, chunk of query blocks); a unit
 // recomputes P from the saved log-sum-exp block by block and runs the five
 // products (S, dP = dO V^T, dV += P^T dO, dK += dS^T Q, dQ += dS K) on the
-// same micro-kernel, accumulating dK / dV of its kv head (all heads of its
-// group) in float32 buffers of Lk x D. Query blocks are split into chunks only
-// when there are fewer kv heads than threads; chunk buffers are then summed.
-// Extra memory: O(Lk x D) per unit plus the packed K / V: linear in S.
+// same micro-kernel, key blocks outside and query blocks inside (as
+// FlashAttention-2), accumulating dK / dV of its kv head (all heads of its
+// group) in float32 buffers of Lk x D and dQ of one query head in Lq x D.
+// Query blocks are split into chunks only when there are fewer kv heads than
+// threads; chunk buffers are then summed. Extra memory: O((Lq + Lk) x D) per
+// worker or unit, plus the packed K / V: linear in S.
 //
 // float16 / bfloat16 inputs are converted to float32 once (linear memory) and
 // computed in float32. The vectorised code exists twice: for AVX2+FMA (chosen
@@ -449,11 +451,11 @@ void softmax_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, float* scra
 }
 
 void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk, int64_t chunks, float* dk_acc,
-                   float* dv_acc, float* scratch) {
+                   float* dv_acc, float* dq_acc, float* prep, float* scratch) {
 #if defined(PADDLE_EXT_FA_X86)
-  if (use_avx2()) return avx2::backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, scratch);
+  if (use_avx2()) return avx2::backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, dq_acc, prep, scratch);
 #endif
-  generic::backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, scratch);
+  generic::backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, dq_acc, prep, scratch);
 }
 
 }  // namespace
@@ -523,12 +525,13 @@ void backward_cpu(const Problem& p, const void* q, const void* k, const void* v,
   ctx.dq = dq;
 
   // Units: (sequence, kv head) x chunks; enough of them to keep every thread busy.
-  int64_t max_lk = 0, max_blocks = 1;
+  int64_t max_lk = 0, max_lq = 0, max_blocks = 1;
   std::vector<int64_t> order(p.batch);
   std::vector<int64_t> work(p.batch);
   for (int64_t b = 0; b < p.batch; ++b) {
     const Seq s = seq(p, b);
     max_lk = std::max(max_lk, s.lk);
+    max_lq = std::max(max_lq, s.lq);
     max_blocks = std::max(max_blocks, (s.lq + kBlockQ - 1) / kBlockQ);
     work[b] = s.lq * s.lk;
   }
@@ -546,13 +549,19 @@ void backward_cpu(const Problem& p, const void* q, const void* k, const void* v,
   // otherwise one pair per unit, summed below.
   const int64_t acc = max_lk * D;
   std::vector<float> acc_buf((chunks == 1 ? workers : units) * 2 * acc);
+  std::vector<float> dq_buf(workers * max_lq * D);  // a worker's dQ rows of one query head
+  // a worker's prepared query blocks (one query head of one unit); generic:: and
+  // avx2:: agree on the size
+  const int64_t prep_floats = max_blocks * generic::prep_block_floats(D);
+  std::vector<float> prep_buf(workers * prep_floats);
   run_tasks(units, workers, [&](int64_t w, int64_t t) {
     const int64_t b = order[t / (p.heads_k * chunks)];
     const int64_t kvh = (t / chunks) % p.heads_k, chunk = t % chunks;
     const int64_t slot = chunks == 1 ? w : (b * p.heads_k + kvh) * chunks + chunk;
     float* dk_acc = acc_buf.data() + slot * 2 * acc;
     float* dv_acc = dk_acc + acc;
-    backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, scratch.data() + w * per_worker);
+    backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, dq_buf.data() + w * max_lq * D,
+                  prep_buf.data() + w * prep_floats, scratch.data() + w * per_worker);
     if (chunks == 1) {
       const Seq s = seq(p, b);
       store_rows(p.kind, dk_acc, D, s.lk, D, dk, s.k0 * k_rs + kvh * D, k_rs);

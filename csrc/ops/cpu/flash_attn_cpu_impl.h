@@ -316,25 +316,32 @@ inline void softmax_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
   }
 }
 
+// Floats of backward_unit's per-query-block preparation (see there).
+inline int64_t prep_block_floats(int64_t D) {
+  const int64_t Dp = (D + kPanel - 1) / kPanel * kPanel;
+  return kBlockQ * (2 * D + 2 * Dp + 2);
+}
+
 // Backward of one unit: kv head kvh of sequence b, the query blocks of its
 // group's heads that belong to `chunk` (blocks chunk, chunk + chunks, ...).
-// Accumulates dK, dV into dk_acc / dv_acc (Lk x D, zeroed here) and writes dq.
+// FlashAttention-2's loop order: key blocks outside, query blocks inside, so
+// a key block's packed K / V and its dK / dV rows stay in cache while the
+// queries stream past. Per query head, every query block of the chunk is
+// prepared once into `prep` (prep_block_floats(D) per block): Q scaled by
+// scale * log2(e), dO, Q and dO as panels, lse in log2 units and D =
+// rowsum(dO * O). Accumulates dK, dV into dk_acc / dv_acc (Lk x D, zeroed
+// here) and dQ of one query head into dq_acc (Lq x D), from which it writes dq.
 inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk, int64_t chunks, float* dk_acc,
-                          float* dv_acc, float* scratch) {
+                          float* dv_acc, float* dq_acc, float* prep, float* scratch) {
   const Problem& p = ctx.p;
   const Seq s = seq(p, b);
   const int64_t D = p.head_dim, group = p.heads_q / p.heads_k;
   const int64_t q_rs = p.heads_q * D;
   const int64_t Dp = (D + kPanel - 1) / kPanel * kPanel;
-  float* qs = scratch;                   // kBlockQ x D, scaled by scale * log2(e)
-  float* S = qs + kBlockQ * D;           // kBlockQ x kBlockK: P, then P * z
+  const int64_t prep_floats = prep_block_floats(D);
+  float* S = scratch;                    // kBlockQ x kBlockK: P, then P * z
   float* dP = S + kBlockQ * kBlockK;     // kBlockQ x kBlockK: dP, then dS
-  float* dQ = dP + kBlockQ * kBlockK;    // kBlockQ x D
-  float* qp = dQ + kBlockQ * D;          // Q rows as panels (Dp / 16 x kBlockQ x 16)
-  float* dop = qp + kBlockQ * Dp;        // dO rows as panels
-  float* lse2 = dop + kBlockQ * Dp;      // kBlockQ
-  float* Di = lse2 + kBlockQ;            // kBlockQ
-  float* z = Di + kBlockQ;               // kBlockK
+  float* z = dP + kBlockQ * kBlockK;     // kBlockK
   const float inf = std::numeric_limits<float>::infinity();
   std::fill(dk_acc, dk_acc + s.lk * D, 0.f);
   std::fill(dv_acc, dv_acc + s.lk * D, 0.f);
@@ -348,34 +355,46 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
   for (int64_t g = 0; g < group; ++g) {
     const int64_t h = kvh * group + g;
     const uint64_t sub = dropout_subsequence(p.offset, b, p.heads_q, h);
-    for (int64_t blk = chunk; blk < nblocks; blk += chunks) {
+    for (int64_t blk = chunk, n = 0; blk < nblocks; blk += chunks, ++n) {
       const int64_t i0 = blk * kBlockQ, rows = std::min<int64_t>(kBlockQ, s.lq - i0);
-      const int64_t kv_end =
-          p.causal ? std::min<int64_t>(s.lk, std::max<int64_t>(0, i0 + rows + s.lk - s.lq)) : s.lk;
+      float* qs = prep + n * prep_floats;
+      float* dos = qs + kBlockQ * D;
+      float* qp = dos + kBlockQ * D;
+      float* dop = qp + kBlockQ * Dp;
+      float* lse2 = dop + kBlockQ * Dp;
+      float* Di = lse2 + kBlockQ;
       const float* qrows = ctx.q + (s.q0 + i0) * q_rs + h * D;
       const float* dorows = ctx.dout + (s.q0 + i0) * q_rs + h * D;
       const float* orows = ctx.o + (s.q0 + i0) * q_rs + h * D;
-      if (kv_end <= 0) {
-        std::fill(dQ, dQ + rows * D, 0.f);
-        store_rows(p.kind, dQ, D, rows, D, ctx.dq, (s.q0 + i0) * q_rs + h * D, q_rs);
-        continue;
-      }
       for (int64_t r = 0; r < rows; ++r) {
-        for (int64_t d = 0; d < D; ++d) qs[r * D + d] = qrows[r * q_rs + d] * qscale;
+        for (int64_t d = 0; d < D; ++d) {
+          qs[r * D + d] = qrows[r * q_rs + d] * qscale;
+          dos[r * D + d] = dorows[r * q_rs + d];
+        }
         lse2[r] = ctx.lse[ctx.lse_index(s, h, i0 + r)] * kLog2e;
         Di[r] = dot(dorows + r * q_rs, orows + r * q_rs, D);
       }
       pack_block_rows(qrows, q_rs, rows, D, 1.f, qp);
       pack_block_rows(dorows, q_rs, rows, D, 1.f, dop);
-      bool first = true;
-      for (int64_t k0 = 0; k0 < kv_end; k0 += kBlockK) {
-        const int64_t bk = std::min<int64_t>(kBlockK, kv_end - k0);
-        const int64_t width = (bk + kPanel - 1) / kPanel * kPanel;
+      std::fill(dq_acc + i0 * D, dq_acc + (i0 + rows) * D, 0.f);
+    }
+    for (int64_t k0 = 0; k0 < s.lk; k0 += kBlockK) {
+      for (int64_t blk = chunk, n = 0; blk < nblocks; blk += chunks, ++n) {
+        const int64_t i0 = blk * kBlockQ, rows = std::min<int64_t>(kBlockQ, s.lq - i0);
+        // Keys of this block that the block's last (most seeing) query sees.
+        const int64_t bk = visible_cols(ctx, s, i0 + rows - 1, k0, std::min<int64_t>(kBlockK, s.lk - k0));
+        if (bk <= 0) continue;
+        const int64_t width = panel_width(bk);
+        const float* qs = prep + n * prep_floats;
+        const float* dos = qs + kBlockQ * D;
+        const float* qp = dos + kBlockQ * D;
+        const float* dop = qp + kBlockQ * Dp;
+        const float* lse2 = dop + kBlockQ * Dp;
+        const float* Di = lse2 + kBlockQ;
         row_groups(ctx, s, i0, rows, k0, bk, [&](int64_t r0, int64_t nr, int64_t keys) {
           const int64_t w = panel_width(keys);
           gemm(nr, w, D, qs + r0 * D, D, 1, kt + k0 * D, kPanel, kPanel * D, S + r0 * kBlockK, kBlockK, kStore);
-          gemm(nr, w, D, dorows + r0 * q_rs, q_rs, 1, vt + k0 * D, kPanel, kPanel * D, dP + r0 * kBlockK, kBlockK,
-               kStore);
+          gemm(nr, w, D, dos + r0 * D, D, 1, vt + k0 * D, kPanel, kPanel * D, dP + r0 * kBlockK, kBlockK, kStore);
         });
         if (block_needs_mask(ctx, s, i0, k0, bk)) mask_block(ctx, s, i0, rows, k0, bk, width, S, dP);
         for (int64_t r = 0; r < rows; ++r) {
@@ -406,12 +425,14 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
         gemm(bk, D, rows, S, 1, kBlockK, dop, kPanel, qps, dv_acc + k0 * D, D, kAdd);
         gemm(bk, D, rows, dP, 1, kBlockK, qp, kPanel, qps, dk_acc + k0 * D, D, kAdd);
         row_groups(ctx, s, i0, rows, k0, bk, [&](int64_t r0, int64_t nr, int64_t keys) {
-          gemm(nr, D, keys, dP + r0 * kBlockK, kBlockK, 1, kr + k0 * kPanel, kPanel, kps, dQ + r0 * D, D,
-               first ? kStore : kAdd);
+          gemm(nr, D, keys, dP + r0 * kBlockK, kBlockK, 1, kr + k0 * kPanel, kPanel, kps, dq_acc + (i0 + r0) * D, D,
+               kAdd);
         });
-        first = false;
       }
-      store_rows(p.kind, dQ, D, rows, D, ctx.dq, (s.q0 + i0) * q_rs + h * D, q_rs);
+    }
+    for (int64_t blk = chunk; blk < nblocks; blk += chunks) {
+      const int64_t i0 = blk * kBlockQ, rows = std::min<int64_t>(kBlockQ, s.lq - i0);
+      store_rows(p.kind, dq_acc + i0 * D, D, rows, D, ctx.dq, (s.q0 + i0) * q_rs + h * D, q_rs);
     }
   }
 }
