@@ -6,7 +6,8 @@ same API for float16 / bfloat16.
 
 The whole module is skipped unless Paddle is a CUDA or ROCm build that sees a
 device; it is collected without error on a CPU-only Paddle or without Paddle.
-`python tests/gpu/flash_attention_gpu_check.py` runs it with timings.
+tests/gpu/flash_attn_gpu_check.sh builds and runs a Paddle-free check of the same kernels
+(GPU against CPU, with timings), then this module when a GPU build of Paddle is there.
 """
 
 from __future__ import annotations
