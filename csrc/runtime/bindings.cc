@@ -169,7 +169,7 @@ PYBIND11_MODULE(_C, m) {
       .def_property_readonly("base_alignment", &rt::HostBackend::base_alignment)
       .def_property_readonly("granularity", &rt::HostBackend::granularity)
       .def("counters", [](const rt::HostBackend& b) { return to_dict(b.counters()); })
-      // Direct, uncached calls: what the pool saves (bench/pinned_allocator.py).
+      // Direct, uncached calls: what the pool saves (bench/pinned_pool.py).
       .def(
           "raw_allocate", [](rt::HostBackend& b, std::size_t n) { return reinterpret_cast<std::uintptr_t>(b.allocate(n)); },
           py::arg("nbytes"), Release())
@@ -207,14 +207,15 @@ PYBIND11_MODULE(_C, m) {
 
   py::class_<rt::AutoGrowthAllocator, std::shared_ptr<rt::AutoGrowthAllocator>>(m, "HostAllocator")
       .def(py::init([](std::shared_ptr<rt::HostBackend> backend, std::size_t alignment, std::size_t chunk_size,
-                       std::optional<std::size_t> max_cached_bytes, bool trim_on_growth, std::size_t spare_events,
-                       int fill_value,
+                       std::optional<std::size_t> max_cached_bytes, bool trim_on_growth, double reuse_waste,
+                       std::size_t spare_events, int fill_value,
                        bool sync_after_alloc, bool dump_chunks, bool free_idle_chunk) {
              rt::AllocatorOptions o;
              o.alignment = alignment;
              o.chunk_size = chunk_size;
              o.max_cached_bytes = max_cached_bytes.value_or(SIZE_MAX);
              o.trim_on_growth = trim_on_growth;
+             o.reuse_waste = reuse_waste;
              o.spare_events = spare_events;
              o.debug = {fill_value, sync_after_alloc, dump_chunks, free_idle_chunk};
              return std::make_shared<rt::AutoGrowthAllocator>(std::move(backend), o);
@@ -222,6 +223,7 @@ PYBIND11_MODULE(_C, m) {
            py::arg("backend"), py::kw_only(), py::arg("alignment") = rt::AllocatorOptions{}.alignment,
            py::arg("chunk_size") = rt::AllocatorOptions{}.chunk_size, py::arg("max_cached_bytes") = py::none(),
            py::arg("trim_on_growth") = rt::AllocatorOptions{}.trim_on_growth,
+           py::arg("reuse_waste") = rt::AllocatorOptions{}.reuse_waste,
            py::arg("spare_events") = rt::AllocatorOptions{}.spare_events, py::arg("fill_value") = -1,
            py::arg("sync_after_alloc") = false, py::arg("dump_chunks") = false, py::arg("free_idle_chunk") = false)
       .def(
@@ -273,6 +275,7 @@ PYBIND11_MODULE(_C, m) {
              d["chunk_size"] = o.chunk_size;
              d["max_cached_bytes"] = o.max_cached_bytes == SIZE_MAX ? py::object(py::none()) : py::int_(o.max_cached_bytes);
              d["trim_on_growth"] = o.trim_on_growth;
+             d["reuse_waste"] = o.reuse_waste;
              d["spare_events"] = o.spare_events;
              return d;
            })

@@ -13,6 +13,7 @@ alignment              PADDLE_EXT_PINNED_ALIGNMENT           64 KiB fixed upstre
 chunk_size             PADDLE_EXT_PINNED_CHUNK_SIZE          FLAGS_auto_growth_chunk_size_in_mb
 max_cached_bytes       PADDLE_EXT_PINNED_MAX_CACHED_BYTES    (none)
 trim_on_growth         PADDLE_EXT_PINNED_TRIM_ON_GROWTH      (bounded FLAGS_free_when_no_cache_hit)
+reuse_waste            PADDLE_EXT_PINNED_REUSE_WASTE         (none: upstream splits every chunk)
 mlock                  PADDLE_EXT_PINNED_MLOCK               (posix only: try / require / off)
 auto_growth            PADDLE_EXT_PINNED_AUTO_GROWTH         FLAGS_use_auto_growth_pinned_allocator
 fill_value             PADDLE_EXT_ALLOC_FILL_VALUE           FLAGS_alloc_fill_value
@@ -26,7 +27,10 @@ auto_growth=False is upstream's non-caching pinned allocator: every block is
 its own backend allocation and goes back on free. trim_on_growth (on by
 default) gives idle chunks back before a growth that would lift the pool's
 reserved bytes above their peak, which keeps variable-size workloads from
-piling up exact-size chunks (see docs/runtime.md).
+piling up exact-size chunks (see docs/runtime.md). A request above chunk_size
+gets a dedicated chunk, never split; reuse_waste (default 1/16) is how much
+larger than a request, as a fraction of it, a free dedicated chunk may be and
+still serve it whole.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ BACKENDS = ("auto", "posix", "cuda", "hip", "xpu", "fake")
 MLOCK_MODES = ("try", "require", "off")
 MIN_ALIGNMENT, MAX_ALIGNMENT = 16, 1 << 16
 MAX_CHUNK_SIZE = 1 << 40
+MAX_REUSE_WASTE = 1
 _TRUE = {"1", "on", "true", "yes"}
 _FALSE = {"0", "off", "false", "no"}
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "kb": 1000, "mib": 1 << 20, "mb": 1000**2, "gib": 1 << 30,
@@ -75,6 +80,7 @@ class RuntimeConfig:
     chunk_size: int = 2 << 20
     max_cached_bytes: int | None = None
     trim_on_growth: bool = True
+    reuse_waste: float = 0.0625
     mlock: str = "try"
     auto_growth: bool = True
     flags: DebugFlags = field(default_factory=DebugFlags)
@@ -89,6 +95,10 @@ class RuntimeConfig:
         _check_int("chunk_size", self.chunk_size, 0, MAX_CHUNK_SIZE)
         if self.max_cached_bytes is not None:
             _check_int("max_cached_bytes", self.max_cached_bytes, 0, (1 << 63) - 1)
+        if isinstance(self.reuse_waste, bool) or not isinstance(self.reuse_waste, (int, float)):
+            raise TypeError(f"reuse_waste must be a fraction in [0, {MAX_REUSE_WASTE}], got {self.reuse_waste!r}")
+        if not 0.0 <= self.reuse_waste <= MAX_REUSE_WASTE:  # NaN fails too
+            raise ValueError(f"reuse_waste must be a fraction in [0, {MAX_REUSE_WASTE}], got {self.reuse_waste}")
         if self.mlock not in MLOCK_MODES:
             raise ValueError(f"mlock must be one of {list(MLOCK_MODES)}, got {self.mlock!r}")
         for name in ("auto_growth", "trim_on_growth"):
@@ -114,6 +124,7 @@ ENV = {
     "chunk_size": "PADDLE_EXT_PINNED_CHUNK_SIZE",
     "max_cached_bytes": "PADDLE_EXT_PINNED_MAX_CACHED_BYTES",
     "trim_on_growth": "PADDLE_EXT_PINNED_TRIM_ON_GROWTH",
+    "reuse_waste": "PADDLE_EXT_PINNED_REUSE_WASTE",
     "mlock": "PADDLE_EXT_PINNED_MLOCK",
     "auto_growth": "PADDLE_EXT_PINNED_AUTO_GROWTH",
     "fill_value": "PADDLE_EXT_ALLOC_FILL_VALUE",
@@ -154,6 +165,12 @@ def _from_text(key: str, text: str, where: str) -> Any:
         return parse_size(text, where)
     if key in _BOOL_KEYS:
         return _parse_bool(text, where)
+    if key == "reuse_waste":
+        try:
+            return float(text)
+        except ValueError:
+            raise ValueError(f"{where}: expected a fraction in [0, {MAX_REUSE_WASTE}] such as 0.0625, "
+                             f"got {text!r}") from None
     if key == "fill_value":
         try:
             return int(text, 0)
@@ -194,7 +211,7 @@ def from_source(source: Any = None, environ: Mapping[str, str] | None = None) ->
     values: dict[str, Any] = {}
     for key, value in section.items():
         values[key] = _from_text(key, value, f"paddle_ext.runtime.{key}") if isinstance(value, str) and (
-            key in _SIZE_KEYS or key in _BOOL_KEYS or key == "fill_value") else value
+            key in _SIZE_KEYS or key in _BOOL_KEYS or key in ("fill_value", "reuse_waste")) else value
     env = os.environ if environ is None else environ
     for key, var in ENV.items():
         if env.get(var, "") != "":

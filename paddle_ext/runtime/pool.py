@@ -98,7 +98,7 @@ class PinnedPool:
     def __init__(self, backend: str | Any = None, *, config: RuntimeConfig | None = None,
                  alignment: int | None = None, chunk_size: int | None = None,
                  max_cached_bytes: int | None = None, trim_on_growth: bool | None = None,
-                 mlock: str | None = None, flags: DebugFlags | None = None) -> None:
+                 reuse_waste: float | None = None, mlock: str | None = None, flags: DebugFlags | None = None) -> None:
         """backend: 'auto', 'posix', 'cuda', 'hip', 'xpu', 'fake', or a backend object
         (paddle_ext.runtime.FakeBackend / PosixBackend); None takes config.backend.
         config: defaults to paddle_ext.runtime.config.from_source() (environment).
@@ -107,7 +107,8 @@ class PinnedPool:
         cfg = config if config is not None else config_module.from_source()
         overrides = {k: v for k, v in (("alignment", alignment), ("chunk_size", chunk_size),
                                        ("max_cached_bytes", max_cached_bytes),
-                                       ("trim_on_growth", trim_on_growth), ("mlock", mlock),
+                                       ("trim_on_growth", trim_on_growth), ("reuse_waste", reuse_waste),
+                                       ("mlock", mlock),
                                        ("flags", flags)) if v is not None}
         if isinstance(backend, str):
             overrides["backend"] = backend
@@ -124,7 +125,7 @@ class PinnedPool:
         self._native = C.HostAllocator(
             backend, alignment=run.alignment, chunk_size=run.chunk_size,
             max_cached_bytes=run.max_cached_bytes, trim_on_growth=run.trim_on_growth,
-            fill_value=run.flags.fill_value,
+            reuse_waste=run.reuse_waste, fill_value=run.flags.fill_value,
             sync_after_alloc=run.flags.sync_after_alloc, dump_chunks=run.flags.dump_chunks,
             free_idle_chunk=run.flags.free_idle_chunk)
         self.backend_object = backend

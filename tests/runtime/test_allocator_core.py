@@ -114,6 +114,8 @@ def test_default_alignment_is_well_below_upstreams_64_kib(make_pool):
     (dict(chunk_size=1 << 41), "chunk_size must be in [0, 1099511627776] bytes, got 2199023255552"),
     (dict(fill_value=256), "fill_value must be -1 (off) or a byte value in [0, 255], got 256"),
     (dict(spare_events=5000), "spare_events must be in [0, 4096], got 5000"),
+    (dict(reuse_waste=1.5), "reuse_waste must be a fraction in [0, 1], got 1.5"),
+    (dict(reuse_waste=-0.25), "reuse_waste must be a fraction in [0, 1], got -0.25"),
 ])
 def test_option_errors_name_argument_value_and_range(options, message):
     with pytest.raises(ValueError) as err:
@@ -190,6 +192,56 @@ def test_trim_on_growth_gives_idle_chunks_back_before_raising_the_peak(make_pool
     assert pool.stats()["trims"] == 1
     pool.free(a)
     pool.free(c)
+
+
+def test_a_request_above_the_chunk_size_gets_a_dedicated_chunk_reused_only_within_reuse_waste(make_pool):
+    pool, backend = make_pool(chunk_size=1 * MiB, granularity=4096)  # reuse_waste 1/16 by default
+    a = pool.allocate(4 * MiB)
+    pool.free(a)
+    b = pool.allocate(4 * MiB - 200 * KiB)  # 200 KiB <= (4 MiB - 200 KiB) / 16: taken whole
+    assert b == a and pool.block_size(b) == 4 * MiB
+    s = pool.stats()
+    assert (s["allocated_bytes"], s["requested_bytes"], s["growths"]) == (4 * MiB, 4 * MiB - 200 * KiB, 1)
+    pool.free(b)
+    # 2 MiB would waste 2 MiB of it: a chunk of its own; the idle 4 MiB goes first (trim_on_growth).
+    c = pool.allocate(2 * MiB)
+    s = pool.stats()
+    assert (s["reserved_bytes"], s["peak_reserved_bytes"], s["idle_chunks_released"]) == (2 * MiB, 4 * MiB, 1)
+    # A small request never lands in a dedicated chunk's tail: a shared chunk of chunk_size.
+    d = pool.allocate(10 * KiB)
+    assert pool.stats()["reserved_bytes"] == 3 * MiB == backend.used
+    assert sorted(size for *_, size, _ in layout(pool)) == [10 * KiB, 1 * MiB - 10 * KiB, 2 * MiB]
+    pool.free(c)
+    pool.free(d)
+
+
+def test_a_dedicated_chunk_is_taken_whole_never_split(make_pool):
+    pool, _ = make_pool(chunk_size=1 * MiB, granularity=4096, reuse_waste=1.0)
+    a = pool.allocate(3 * MiB + 1)  # page-rounded chunk: 3 MiB + 4 KiB, one block, no free tail
+    assert layout(pool) == [(0, 0, 3 * MiB + 4 * KiB, "allocated")]
+    pool.free(a)
+    b = pool.allocate(2 * MiB)  # wastes 1 MiB + 4 KiB <= 2 MiB: reused, still one block
+    assert b == a and layout(pool) == [(0, 0, 3 * MiB + 4 * KiB, "allocated")]
+    assert "dedicated" in pool.dump()
+    pool.free(b)
+    c = pool.allocate(1 * MiB)  # would waste 2 MiB + 4 KiB > 1 MiB: the idle chunk goes, a shared one comes
+    s = pool.stats()
+    assert (s["chunks"], s["reserved_bytes"], s["idle_chunks_released"]) == (1, 1 * MiB, 1)
+    assert layout(pool) == [(1, 0, 1 * MiB, "allocated")]
+    pool.free(c)
+
+
+def test_with_zero_reuse_waste_only_an_exact_fit_reuses_a_dedicated_chunk(make_pool):
+    pool, backend = make_pool(chunk_size=0, granularity=4096, reuse_waste=0.0, trim_on_growth=False)
+    pool.free(pool.allocate(8 * KiB))
+    p = pool.allocate(8 * KiB - 256)  # fits, but wastes 256 B
+    q = pool.allocate(8 * KiB)        # the exact fit
+    s = pool.stats()
+    assert (s["growths"], s["cache_hits"], s["reserved_bytes"]) == (2, 1, 16 * KiB)
+    assert pool.block_size(p) == 8 * KiB  # its own page-rounded chunk, handed out whole
+    pool.free(p)
+    pool.free(q)
+    assert backend.used == 16 * KiB
 
 
 def test_without_trim_the_idle_chunk_stays(make_pool):

@@ -167,6 +167,14 @@ def test_config_from_the_paddle_ext_section_and_the_environment():
     assert from_source(None, environ={}) == RuntimeConfig()
 
 
+def test_reuse_waste_from_config_environment_and_keyword():
+    assert RuntimeConfig().reuse_waste == 0.0625
+    assert from_source({"reuse_waste": "0.25"}, environ={}).reuse_waste == 0.25
+    assert from_source({"reuse_waste": 0.25}, environ={"PADDLE_EXT_PINNED_REUSE_WASTE": "0"}).reuse_waste == 0.0
+    pool = PinnedPool(FakeBackend(), config=RuntimeConfig(), reuse_waste=0.5)
+    assert pool._native.options()["reuse_waste"] == 0.5
+
+
 @pytest.mark.parametrize("source, env, error, message", [
     ({"runtime": {"colour": 1}}, {}, ValueError, r"unknown paddle_ext runtime config keys \['colour'\]; allowed: \["),
     ({"alignment": 100}, {}, ValueError, r"alignment must be a power of two in \[16, 65536\], got 100"),
@@ -180,6 +188,11 @@ def test_config_from_the_paddle_ext_section_and_the_environment():
      r"fill_value must be -1 \(off\) or a byte value in \[0, 255\], got 300"),
     ({"mlock": "sometimes"}, {}, ValueError, r"mlock must be one of \['try', 'require', 'off'\], got 'sometimes'"),
     ({"paddle_ext": []}, {}, TypeError, r"config\['paddle_ext'\] must be a mapping, got list"),
+    ({"reuse_waste": 1.5}, {}, ValueError, r"reuse_waste must be a fraction in \[0, 1\], got 1.5"),
+    ({"reuse_waste": float("nan")}, {}, ValueError, r"reuse_waste must be a fraction in \[0, 1\], got nan"),
+    ({"reuse_waste": "lots"}, {}, ValueError,
+     r"paddle_ext.runtime.reuse_waste: expected a fraction in \[0, 1\] such as 0.0625, got 'lots'"),
+    ({}, {"PADDLE_EXT_PINNED_REUSE_WASTE": "-0.1"}, ValueError, r"reuse_waste must be a fraction in \[0, 1\], got -0.1"),
 ])
 def test_config_errors_name_the_key_value_and_range(source, env, error, message):
     with pytest.raises(error, match=message):

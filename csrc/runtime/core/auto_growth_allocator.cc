@@ -76,6 +76,10 @@ std::size_t AutoGrowthAllocator::raw_size_for(std::size_t size) const {
   return round_up(size + pad, std::max<std::size_t>(backend_->granularity(), 1));
 }
 
+std::size_t AutoGrowthAllocator::max_reuse_waste(std::size_t size) const {
+  return static_cast<std::size_t>(static_cast<double>(size) * options_.reuse_waste);
+}
+
 Block* AutoGrowthAllocator::take_locked(Block* free_block, std::size_t size, std::size_t requested) {
   Block* b = index_.take(free_block, size, requested);
   live_.emplace(b->ptr, b);
@@ -98,7 +102,7 @@ void* AutoGrowthAllocator::allocate(std::size_t nbytes) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     flags = debug_;
-    if (Block* b = index_.best_fit(size)) {
+    if (Block* b = index_.best_fit(size, max_reuse_waste(size))) {
       ptr = take_locked(b, size, nbytes)->ptr;
       ++stats_.cache_hits;
     }
@@ -199,7 +203,7 @@ void* AutoGrowthAllocator::grow(std::size_t size, std::size_t requested, const D
   std::vector<ReleasedChunk> over;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    Block* fresh = index_.add_chunk(mem, raw);
+    Block* fresh = index_.add_chunk(mem, raw, size > options_.chunk_size);
     ++stats_.growths;
     bump_peak(static_cast<std::int64_t>(index_.reserved()), stats_.peak_reserved_bytes);
     ptr = take_locked(fresh, size, requested)->ptr;

@@ -1,8 +1,10 @@
 // The pinned auto-growth best-fit allocator (upstream PaddlePaddle/Paddle
 // #57625), over any HostBackend:
-//  - best fit over a (size, address) index, blocks split on allocation and
+//  - best fit over a (size, address) index, blocks of shared chunks split on allocation and
 //    merged with free neighbours on free, never across chunks;
-//  - growth by max(request, chunk_size); on out-of-memory, idle chunks go
+//  - growth by max(request, chunk_size); a request above chunk_size gets a
+//    dedicated chunk, never split, reused whole by a request it exceeds by at
+//    most reuse_waste (options.h); on out-of-memory, idle chunks go
 //    back to the backend and the growth is retried (then with the bare
 //    request); empty_cache() and the max_cached_bytes cap release idle chunks,
 //    and so does a growth that would lift reserved bytes above their peak
@@ -79,6 +81,7 @@ class AutoGrowthAllocator {
   std::vector<ReleasedChunk> over_cap_locked();
   std::vector<NativeEvent> keep_spares_locked(const std::vector<std::pair<int, NativeEvent>>& events);
   std::size_t raw_size_for(std::size_t size) const;
+  std::size_t max_reuse_waste(std::size_t size) const;
   std::string account_locked() const;
   void emit(const std::string& text) const;
 

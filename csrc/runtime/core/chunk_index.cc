@@ -30,14 +30,14 @@ char state_letter(BlockState s) {
 
 ChunkIndex::~ChunkIndex() { remove_all(); }
 
-void ChunkIndex::index(Block* b) { free_.emplace(key(b), b); }
+void ChunkIndex::index(Block* b) { index_of(b).emplace(key(b), b); }
 
-void ChunkIndex::unindex(Block* b) { free_.erase(key(b)); }
+void ChunkIndex::unindex(Block* b) { index_of(b).erase(key(b)); }
 
-Block* ChunkIndex::add_chunk(void* raw, std::size_t raw_size) {
+Block* ChunkIndex::add_chunk(void* raw, std::size_t raw_size, bool dedicated) {
   const std::uintptr_t start = (addr(raw) + alignment_ - 1) & ~(alignment_ - 1);
   const std::size_t usable = (raw_size - (start - addr(raw))) & ~(alignment_ - 1);
-  auto* chunk = new Chunk{next_id_++, raw, raw_size, reinterpret_cast<char*>(start), usable, nullptr};
+  auto* chunk = new Chunk{next_id_++, raw, raw_size, reinterpret_cast<char*>(start), usable, nullptr, dedicated};
   auto* block = new Block();
   block->ptr = chunk->start;
   block->size = usable;
@@ -49,14 +49,20 @@ Block* ChunkIndex::add_chunk(void* raw, std::size_t raw_size) {
   return block;
 }
 
-Block* ChunkIndex::best_fit(std::size_t size) const {
+Block* ChunkIndex::best_fit(std::size_t size, std::size_t max_dedicated_waste) const {
   auto it = free_.lower_bound({size, 0});
-  return it == free_.end() ? nullptr : it->second;
+  Block* shared = it == free_.end() ? nullptr : it->second;
+  // Only the smallest dedicated block can qualify: larger ones waste more.
+  auto dt = free_dedicated_.lower_bound({size, 0});
+  Block* dedicated = dt == free_dedicated_.end() || dt->first.first - size > max_dedicated_waste ? nullptr : dt->second;
+  if (shared == nullptr) return dedicated;
+  if (dedicated == nullptr) return shared;
+  return key(dedicated) < key(shared) ? dedicated : shared;
 }
 
 Block* ChunkIndex::take(Block* b, std::size_t size, std::size_t requested) {
   unindex(b);
-  if (b->size > size) {
+  if (b->size > size && !b->chunk->dedicated) {
     // Keep the low addresses for the caller: a chunk then fills from its
     // start, which leaves the tail in one piece for the next large request.
     auto* rest = new Block();
@@ -141,6 +147,7 @@ std::vector<ReleasedChunk> ChunkIndex::remove_all() {
   }
   chunks_.clear();
   free_.clear();
+  free_dedicated_.clear();
   reserved_ = 0;
   return out;
 }
@@ -162,11 +169,13 @@ void ChunkIndex::check() const {
         broken(c, b, "block size or address not aligned (size " + std::to_string(b->size) + ")");
       if (b->ptr != c->start + sum) broken(c, b, "blocks do not tile the chunk");
       if (b->next != nullptr && b->next->prev != b) broken(c, b, "broken neighbour links");
+      if (c->dedicated && (b != c->head || b->next != nullptr)) broken(c, b, "a dedicated chunk was split");
       if (b->state == BlockState::kFree) {
         ++free_seen;
         if (b->next != nullptr && b->next->state == BlockState::kFree) broken(c, b, "two adjacent free blocks");
-        auto it = free_.find(key(b));
-        if (it == free_.end() || it->second != b) broken(c, b, "free block missing from the index");
+        const auto& idx = c->dedicated ? free_dedicated_ : free_;
+        auto it = idx.find(key(b));
+        if (it == idx.end() || it->second != b) broken(c, b, "free block missing from the index");
       } else if (b->state == BlockState::kAllocated && b->requested > b->size) {
         broken(c, b, "requested bytes exceed the block");
       }
@@ -175,8 +184,8 @@ void ChunkIndex::check() const {
     if (sum != c->size)
       broken(c, nullptr, "block sizes sum to " + std::to_string(sum) + ", chunk has " + std::to_string(c->size));
   }
-  if (free_seen != free_.size())
-    throw std::logic_error("allocator invariant broken: index holds " + std::to_string(free_.size()) +
+  if (free_seen != free_blocks())
+    throw std::logic_error("allocator invariant broken: index holds " + std::to_string(free_blocks()) +
                            " free blocks, chunks hold " + std::to_string(free_seen));
   if (reserved != reserved_) throw std::logic_error("allocator invariant broken: reserved bytes out of step");
 }
@@ -185,7 +194,7 @@ std::string ChunkIndex::dump(std::size_t max_blocks) const {
   std::ostringstream out;
   for (const auto& [start, c] : chunks_) {
     out << "  chunk " << c->id << " @" << static_cast<const void*>(c->start) << " " << c->size << " B (raw "
-        << c->raw_size << "):";
+        << c->raw_size << (c->dedicated ? ", dedicated" : "") << "):";
     std::size_t shown = 0, hidden = 0;
     for (const Block* b = c->head; b != nullptr; b = b->next) {
       if (shown++ < max_blocks)

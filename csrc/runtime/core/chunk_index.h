@@ -4,6 +4,7 @@
 // allocator (auto_growth_allocator.h) owns one and guards it with its lock.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -43,6 +44,11 @@ struct Chunk {
   char* start = nullptr;      // raw aligned up to the pool's alignment
   std::size_t size = 0;       // usable bytes from start, a multiple of the alignment
   Block* head = nullptr;
+  // Grown for one request above the chunk size: holds a single block, never
+  // split, so once free it is idle and can go back to the backend (a large
+  // chunk split for smaller requests stays pinned by whatever small block
+  // lands in its tail; that was most of the waste on variable-size traces).
+  bool dedicated = false;
 };
 
 // A chunk taken out of the index, to be given back to the backend.
@@ -59,11 +65,13 @@ class ChunkIndex {
   ChunkIndex& operator=(const ChunkIndex&) = delete;
 
   // A new chunk over backend memory, as one free block (returned, indexed).
-  Block* add_chunk(void* raw, std::size_t raw_size);
+  Block* add_chunk(void* raw, std::size_t raw_size, bool dedicated = false);
   // The smallest free block of at least `size` bytes, lowest address among
-  // equals; nullptr if none.
-  Block* best_fit(std::size_t size) const;
+  // equals, where a dedicated chunk's block counts only if it exceeds `size`
+  // by at most `max_dedicated_waste` bytes; nullptr if none.
+  Block* best_fit(std::size_t size, std::size_t max_dedicated_waste = SIZE_MAX) const;
   // Takes `size` bytes from the start of a free block; the rest stays free.
+  // A dedicated chunk's block is taken whole.
   Block* take(Block* free_block, std::size_t size, std::size_t requested);
   // Marks an allocated block pending (out of reach until give_back).
   void hold(Block* block);
@@ -79,8 +87,11 @@ class ChunkIndex {
   std::vector<ReleasedChunk> remove_all();
 
   std::size_t chunks() const { return chunks_.size(); }
-  std::size_t free_blocks() const { return free_.size(); }
-  std::size_t largest_free() const { return free_.empty() ? 0 : free_.rbegin()->first.first; }
+  std::size_t free_blocks() const { return free_.size() + free_dedicated_.size(); }
+  std::size_t largest_free() const {
+    return std::max(free_.empty() ? 0 : free_.rbegin()->first.first,
+                    free_dedicated_.empty() ? 0 : free_dedicated_.rbegin()->first.first);
+  }
   std::size_t reserved() const { return reserved_; }
 
   // Throws std::logic_error naming the first broken invariant: blocks tile
@@ -97,9 +108,11 @@ class ChunkIndex {
   static Key key(const Block* b) { return {b->size, reinterpret_cast<std::uintptr_t>(b->ptr)}; }
   void index(Block* b);
   void unindex(Block* b);
+  std::map<Key, Block*>& index_of(const Block* b) { return b->chunk->dedicated ? free_dedicated_ : free_; }
 
   std::size_t alignment_;
-  std::map<Key, Block*> free_;
+  std::map<Key, Block*> free_;            // blocks of shared chunks: split on allocation
+  std::map<Key, Block*> free_dedicated_;  // idle dedicated chunks: taken whole
   std::map<std::uintptr_t, Chunk*> chunks_;  // by start address
   std::size_t reserved_ = 0;
   std::uint64_t next_id_ = 0;

@@ -1,5 +1,6 @@
 #include "core/options.h"
 
+#include <sstream>
 #include <stdexcept>
 #include <string>
 
@@ -13,6 +14,12 @@ void validate(const AllocatorOptions& o) {
   if (o.chunk_size > kMaxChunkSize)
     throw std::invalid_argument("chunk_size must be in [0, " + std::to_string(kMaxChunkSize) + "] bytes, got " +
                                 std::to_string(o.chunk_size));
+  if (!(o.reuse_waste >= 0.0 && o.reuse_waste <= kMaxReuseWaste))  // NaN fails both
+  {
+    std::ostringstream text;  // 1.5, not to_string's 1.500000
+    text << "reuse_waste must be a fraction in [0, " << kMaxReuseWaste << "], got " << o.reuse_waste;
+    throw std::invalid_argument(text.str());
+  }
   if (o.spare_events > 4096)
     throw std::invalid_argument("spare_events must be in [0, 4096], got " + std::to_string(o.spare_events));
   if (o.debug.fill_value < -1 || o.debug.fill_value > 255)

@@ -29,12 +29,22 @@ struct AllocatorOptions {
   // chunks go back to the backend right after a free.
   std::size_t max_cached_bytes = SIZE_MAX;
   // Before a growth that would lift reserved bytes above their peak so far,
-  // give idle chunks back (largest first) until it would not. Exact-size
+  // give idle chunks back (largest first) until it would not. Dedicated
   // chunks of variable-size requests (variable sequence lengths) otherwise
-  // pile up: on bench/pinned_allocator.py's variable trace the pool held 2.3x
-  // the peak live bytes without it, 1.4x with it (power-of-two rounding: 1.4x);
+  // pile up: on bench/pinned_pool.py's variable trace the pool held 4.5x the
+  // peak live bytes without it, 1.00x with it (power-of-two rounding: 1.44x);
   // fixed shapes never trigger it once warm.
   bool trim_on_growth = true;
+  // A request above chunk_size gets a dedicated chunk of its own (exactly its
+  // aligned size), which is never split. A later request may take a free
+  // dedicated chunk whole only if it exceeds the request by at most this
+  // fraction of the request; otherwise the pool grows (and trim_on_growth
+  // gives the idle misfits back first). So at any new peak, reserved bytes
+  // are at most (1 + reuse_waste) x the live large requests plus the shared
+  // chunks. Splitting large chunks instead let small blocks pin them: on
+  // bench/pinned_pool.py's variable trace 1.34x the peak live bytes, 1.00
+  // with this; the price is backend calls when sizes vary by more than it.
+  double reuse_waste = 0.0625;
   // Spare native events kept for reuse by record_event (per device).
   std::size_t spare_events = 64;
   DebugFlags debug;
@@ -45,6 +55,7 @@ inline constexpr std::size_t kMaxAlignment = std::size_t{1} << 16;
 inline constexpr std::size_t kMaxChunkSize = std::size_t{1} << 40;
 // Requests above this are refused before any rounding can overflow.
 inline constexpr std::size_t kMaxRequest = std::size_t{1} << 46;
+inline constexpr double kMaxReuseWaste = 1.0;
 
 // Throws std::invalid_argument, e.g. "alignment must be a power of two in
 // [16, 65536], got 100".

@@ -3,23 +3,28 @@ references measured or replayed in the same run:
 
 - time: the raw posix backend (mmap + mlock per allocation, munmap per free),
   i.e. pinned memory without a cache. Figure: how many times faster the pool
-  serves the trace once its chunks exist (every step after the first);
+  serves each trace once its chunks exist (every step after the first), and
+  how many backend calls the pool still makes per step then;
 - memory: a power-of-two rounding cache (PyTorch's CachingHostAllocator
   policy: round each request up to a power of two, reuse only blocks of that
   exact class, never split) replayed on the same trace. Figure: peak reserved
   / peak requested bytes, side by side.
 
 Traces (sizes 4 KiB to 256 MiB, fixed seeds):
-- staging (the figures the targets apply to): what the pipeline does with the
-  pool; per micro-batch a set of input buffers (4 KiB ... 256 MiB) is staged,
-  `--window` micro-batches stay in flight, the oldest is freed first;
+- staging: what the pipeline does with the pool; per micro-batch a set of
+  input buffers (4 KiB ... 256 MiB) is staged, `--window` micro-batches stay
+  in flight, the oldest is freed first;
 - random: distinct sizes allocated in a new random order every step, random
-  frees interleaved, live bytes capped: an adversarial mix, printed for
-  reference (best fit over separate chunks fragments on it);
+  frees interleaved, live bytes capped: an adversarial mix;
 - variable: staging with every micro-batch scaled by a random factor in
-  [0.5, 1] (variable sequence lengths), printed for reference.
+  [0.5, 1] (variable sequence lengths).
 
-Run: python bench/pinned_allocator.py [--steps 4] [--micro-batches 8] [--window 2] [--seed 0]
+Targets: >= 100x faster than the raw backend on reuse (staging, the trace the
+pool is built for: fixed shapes), and peak reserved / peak requested <= 1.1 on
+every trace. The pool runs with its defaults (RuntimeConfig()); the one policy
+knob that moves the memory figure, reuse_waste, is printed with them.
+
+Run: python bench/pinned_pool.py [--steps 4] [--micro-batches 8] [--window 2] [--seed 0]
 Needs root (or a large RLIMIT_MEMLOCK) for mlock; otherwise the raw backend
 and the pool fall back to pageable memory (said in the output) and the time
 ratio shrinks to what mmap + page faults cost.
@@ -129,11 +134,13 @@ def pow2_cache_reserved(trace: Trace) -> int:
     return held
 
 
-def replay(alloc, free, trace: Trace) -> list[float]:
-    """Seconds per step spent in alloc / free calls."""
-    times = []
+def replay(alloc, free, trace: Trace, counters=None) -> tuple[list[float], list[int]]:
+    """Seconds per step spent in alloc / free calls, and the backend calls per
+    step (from `counters()`, a running total, when given)."""
+    times, calls = [], []
     for step in trace:
         ptrs: dict[int, int] = {}
+        before = counters() if counters else 0
         start = time.perf_counter()
         for op in step:
             if op.kind == "a":
@@ -141,16 +148,36 @@ def replay(alloc, free, trace: Trace) -> list[float]:
             else:
                 free(ptrs.pop(op.key))
         times.append(time.perf_counter() - start)
-    return times
+        calls.append((counters() if counters else 0) - before)
+    return times, calls
 
 
-def replay_pool(trace: Trace) -> tuple[list[float], object]:
-    pool = PinnedPool(PosixBackend(mlock="try"), config=RuntimeConfig())
+def replay_pool(trace: Trace) -> tuple[list[float], list[int], object, RuntimeConfig]:
+    config = RuntimeConfig()
+    pool = PinnedPool(PosixBackend(mlock="try"), config=config)
     native = pool._native
-    times = replay(native.allocate, native.free, trace)
+
+    def backend_calls() -> int:
+        s = native.stats()
+        return s["backend_allocs"] + s["backend_frees"]
+
+    times, calls = replay(native.allocate, native.free, trace, backend_calls)
     stats = pool.stats()
     pool.check()
-    return times, stats
+    return times, calls, stats, config
+
+
+def replay_raw(trace: Trace) -> tuple[list[float], bool]:
+    raw = PosixBackend(mlock="try")
+    sizes: dict[int, int] = {}
+
+    def alloc(n: int) -> int:
+        p = raw.raw_allocate(n)
+        sizes[p] = n
+        return p
+
+    times, _ = replay(alloc, lambda p: raw.raw_deallocate(p, sizes.pop(p)), trace)
+    return times, raw.counters()["mlock_failures"] == 0
 
 
 def describe(trace: Trace) -> str:
@@ -175,31 +202,30 @@ def main() -> None:
     for name, trace in traces.items():
         print(f"trace {name:9s}: {describe(trace)}")
 
-    # Time: the staging trace through the raw backend and through the pool.
-    trace = traces["staging"]
-    raw = PosixBackend(mlock="try")
-    raw_sizes: dict[int, int] = {}
+    results = {}
+    for name, trace in traces.items():
+        raw_times, locked = replay_raw(trace)
+        pool_times, pool_calls, stats, config = replay_pool(trace)
+        results[name] = (raw_times, pool_times, pool_calls, stats)
+    print(f"pool settings (RuntimeConfig defaults): chunk_size {config.chunk_size // MiB} MiB, alignment "
+          f"{config.alignment} B, reuse_waste {config.reuse_waste}, trim_on_growth {config.trim_on_growth}, "
+          f"max_cached_bytes {config.max_cached_bytes}")
 
-    def raw_alloc(n: int) -> int:
-        p = raw.raw_allocate(n)
-        raw_sizes[p] = n
-        return p
-
-    raw_times = replay(raw_alloc, lambda p: raw.raw_deallocate(p, raw_sizes.pop(p)), trace)
-    locked = raw.counters()["mlock_failures"] == 0
-    pool_times, stats = replay_pool(trace)
-    calls = len(trace[1])
-    raw_reuse, pool_reuse = statistics.median(raw_times[1:]), statistics.median(pool_times[1:])
+    # Time: each trace through the raw backend and through the pool.
     print()
-    print(f"time per step of the staging trace, median of steps 2..{len(trace)}; "
-          f"raw = mmap + {'mlock' if locked else 'mlock REFUSED (pageable)'} + munmap")
-    print(f"{'':40s} {'seconds':>10s} {'us/call':>10s}")
-    print(f"{'raw posix backend (reference)':40s} {raw_reuse:10.4f} {raw_reuse / calls * 1e6:10.1f}")
-    print(f"{'paddle_ext pool':40s} {pool_reuse:10.6f} {pool_reuse / calls * 1e6:10.2f}")
-    print(f"{'paddle_ext pool, first step (growth)':40s} {pool_times[0]:10.4f}")
-    speedup = raw_reuse / pool_reuse
-    print(f"pool vs raw on reuse: {speedup:.0f}x faster (target >= 100x); pool stats: {stats.growths} growths, "
-          f"{stats.cache_hits} cache hits, {stats.backend_alloc_ns / 1e6:.0f} ms in the backend")
+    print(f"time per step, median of steps 2..N (reuse); raw = mmap + "
+          f"{'mlock' if locked else 'mlock REFUSED (pageable)'} + munmap per call")
+    print(f"{'trace':10s} {'raw s':>9s} {'pool s':>10s} {'us/call':>8s} {'speedup':>9s} "
+          f"{'backend calls/step (raw, pool)':>31s} {'pool first step s':>18s}")
+    speedups = {}
+    for name, (raw_times, pool_times, pool_calls, _stats) in results.items():
+        calls = len(traces[name][1])
+        raw_reuse, pool_reuse = statistics.median(raw_times[1:]), statistics.median(pool_times[1:])
+        speedups[name] = raw_reuse / pool_reuse
+        backend = statistics.median(pool_calls[1:])
+        print(f"{name:10s} {raw_reuse:9.4f} {pool_reuse:10.6f} {pool_reuse / calls * 1e6:8.2f} "
+              f"{speedups[name]:8.0f}x {f'{calls}, {backend:g}':>31s} {pool_times[0]:18.4f}")
+    print(f"pool vs raw on reuse, staging: {speedups['staging']:.0f}x faster (target >= 100x)")
 
     # Memory: peak reserved / peak requested, the pool against power-of-two rounding.
     print()
@@ -207,14 +233,13 @@ def main() -> None:
     ratios = {}
     for name, trace in traces.items():
         requested = peak_requested(trace)
-        st = stats if name == "staging" else replay_pool(trace)[1]
+        st = results[name][3]
         ours, pow2 = st.peak_reserved_bytes / requested, pow2_cache_reserved(trace) / requested
         ratios[name] = ours
-        note = "  <- target <= 1.1" if name == "staging" else "  (reference only)"
         print(f"{'trace ' + name:40s} {ours:8.3f} {pow2:8.3f}   ({st.peak_reserved_bytes / MiB:.0f} / "
-              f"{pow2 * requested / MiB:.0f}){note}")
+              f"{pow2 * requested / MiB:.0f})  <- target <= 1.1")
     print(f"build: {_C.build_info()['compiler']}")
-    if speedup < 100 or ratios["staging"] > 1.1:
+    if speedups["staging"] < 100 or max(ratios.values()) > 1.1:
         raise SystemExit("a target was missed")
 
 
