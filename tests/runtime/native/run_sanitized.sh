@@ -3,7 +3,11 @@
 # sanitizer and runs it:
 #   run_sanitized.sh tsan|asan [BUILD_DIR] [threads sizes per_size]
 # tsan: ThreadSanitizer; asan: AddressSanitizer + UndefinedBehaviorSanitizer.
-# Any report fails the run. The binary is rebuilt only when a source, a
+# The one place that builds, runs and judges the sanitized stress: the pytest
+# test (tests/runtime/test_sanitizers.py) and the CI leg (ci/sanitizers.sh)
+# both call it. Exit 0: clean; 77: the compiler cannot link this sanitizer
+# here (pytest skips, the CI leg fails); anything else: a report, a failed
+# check or a failed build. The binary is rebuilt only when a source, a
 # header or the flags changed (a stamp of their hash), and its sources are
 # compiled in parallel, so the suite pays the build once.
 set -euo pipefail
@@ -17,6 +21,10 @@ case $kind in
   *) echo "unknown sanitizer $kind (tsan or asan)" >&2; exit 2 ;;
 esac
 cxx=${CXX:-g++}
+if ! echo 'int main() { return 0; }' | "$cxx" "${flags[0]}" -x c++ - -o /dev/null 2>/dev/null; then
+  echo "$kind: $cxx cannot link ${flags[0]} here" >&2
+  exit 77
+fi
 # -O0 -g1: about half the build time of -O1 -g; the stress still runs in seconds.
 flags=(-std=c++17 -O0 -g1 "${flags[@]}" -I"$root/csrc/runtime")
 src=(
@@ -48,4 +56,18 @@ fi
 export TSAN_OPTIONS="halt_on_error=1 exitcode=66 ${TSAN_OPTIONS:-}"
 export ASAN_OPTIONS="detect_leaks=1 halt_on_error=1 exitcode=66 ${ASAN_OPTIONS:-}"
 export UBSAN_OPTIONS="halt_on_error=1 print_stacktrace=1 ${UBSAN_OPTIONS:-}"
-"$bin" "$@"
+log=$dir/last.log
+set +e
+"$bin" "$@" 2>&1 | tee "$log"
+rc=${PIPESTATUS[0]}
+set -e
+# halt_on_error already turns a report into exit 66; the log is checked too,
+# so a report that did not halt (or a stress that ended early) still fails.
+for report in "WARNING: ThreadSanitizer" "ERROR: AddressSanitizer" "ERROR: LeakSanitizer" "runtime error:"; do
+  if grep -qF "$report" "$log"; then echo "$kind: sanitizer report ($report) in $log" >&2; [ "$rc" -ne 0 ] || rc=1; fi
+done
+if ! grep -qF "pattern errors 0, stats consistent" "$log"; then
+  echo "$kind: the stress did not report 'pattern errors 0, stats consistent'" >&2
+  [ "$rc" -ne 0 ] || rc=1
+fi
+exit "$rc"
