@@ -3,6 +3,10 @@
 `data` is `[inputs, labels]`; each side is a Tensor, a tuple of Tensors (all
 split along dim 0), or a list with one entry per micro-batch. Stages that need
 no data (neither first nor last) may pass None.
+
+On a GPU, host tensors of a micro-batch are staged: copied into the pinned pool
+and from there to the device asynchronously, the block gated on an event of
+the copying stream (paddle_ext.runtime.staging). On CPU nothing is staged.
 """
 
 from __future__ import annotations
@@ -33,20 +37,35 @@ def _slice(item: Any, mb: int, size: int, count: int, where: str) -> Any:
     return item[mb * size:(mb + 1) * size].detach()
 
 
+_AUTO = object()
+
+
 class MicroBatches:
-    def __init__(self, data: Any, count: int, size: int) -> None:
+    def __init__(self, data: Any, count: int, size: int, stager: Any = _AUTO) -> None:
+        """stager: a paddle_ext.runtime.staging.HostStager, None (no staging), or by
+        default staging.default_stager() (None on CPU)."""
         if data is not None and (not isinstance(data, (list, tuple)) or len(data) != 2):
             raise ValueError("data must be [inputs, labels] (either may be None on middle stages)")
         self._data = data
         self.count = count
         self.size = size
+        if stager is _AUTO:
+            stager = None
+            if paddle.get_device().startswith("gpu"):  # CPU runs never load the native runtime for this
+                from paddle_ext.runtime.staging import default_stager
+
+                stager = default_stager()
+        self.stager = stager
+
+    def _staged(self, item: Any) -> Any:
+        return item if self.stager is None else self.stager.stage_tree(item)
 
     def inputs(self, mb: int) -> Any:
         if self._data is None or self._data[0] is None:
             raise ValueError("the first pipeline stage needs inputs: data[0] is None")
-        return _slice(self._data[0], mb, self.size, self.count, "data[0]")
+        return self._staged(_slice(self._data[0], mb, self.size, self.count, "data[0]"))
 
     def labels(self, mb: int) -> Any:
         if self._data is None or self._data[1] is None:
             raise ValueError("the last pipeline stage needs labels: data[1] is None")
-        return _slice(self._data[1], mb, self.size, self.count, "data[1]")
+        return self._staged(_slice(self._data[1], mb, self.size, self.count, "data[1]"))

@@ -25,7 +25,8 @@ StreamLike = Union[int, "CpuStream", Any, None]
 
 def stream_handle(stream: StreamLike) -> int:
     """The native handle of a stream: None -> 0 (the default stream), an int as
-    is, a CpuStream its id, a Paddle stream its raw handle (``.cuda_stream``)."""
+    is, a CpuStream its id, a Paddle stream its raw handle (``.cuda_stream``,
+    through ``.stream_base`` for paddle.device.Stream)."""
     if stream is None:
         return 0
     if isinstance(stream, CpuStream):
@@ -34,6 +35,8 @@ def stream_handle(stream: StreamLike) -> int:
         if stream < 0:
             raise ValueError(f"stream must be a non-negative handle, got {stream}")
         return stream
+    # paddle.device.Stream (2.6 and 3.x) wraps the core stream that carries the handle.
+    stream = getattr(stream, "stream_base", stream)
     for attr in _STREAM_ATTRS:
         value = getattr(stream, attr, None)
         if isinstance(value, int) and not isinstance(value, bool):

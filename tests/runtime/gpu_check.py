@@ -5,6 +5,8 @@ reference measured in the same run.
 
     python tests/runtime/gpu_check.py bandwidth     # H2D copy: pool (pinned) vs pageable numpy
     python tests/runtime/gpu_check.py gated-reuse   # record_event keeps a block from reuse during an async copy
+    python tests/runtime/gpu_check.py staging       # micro-batch inputs through the pool (MicroBatches on GPU):
+                                                    # values intact, events recorded, time vs Paddle's own copy
     python tests/runtime/gpu_check.py overlap       # GEMM vs communication overlap, CUDA_DEVICE_MAX_CONNECTIONS=1,
                                                     # timing-free vs timing events (NCCL with >= 2 GPUs,
                                                     # else a device-to-device copy stream)
@@ -77,7 +79,7 @@ def bandwidth(nbytes: int = 256 << 20, repeats: int = 10) -> dict:
     pinned[:] = 1
     pageable = np.ones(nbytes, np.uint8)
     dst = paddle.empty([nbytes], dtype="uint8")
-    stream = paddle.device.current_stream().cuda_stream
+    stream = runtime.stream_handle(paddle.device.current_stream())
 
     def copy(src: np.ndarray) -> float:
         times = []
@@ -102,7 +104,7 @@ def gated_reuse(nbytes: int = 256 << 20, trials: int = 20) -> dict:
     paddle, runtime, rt = setup()
     pool = runtime.PinnedPool("cuda", max_cached_bytes=None)
     stream = paddle.device.cuda.Stream()
-    handle = stream.cuda_stream
+    handle = runtime.stream_handle(stream)
     dst = paddle.empty([nbytes], dtype="uint8")
     results = {}
     for gated in (True, False):
@@ -187,6 +189,47 @@ print("RESULT " + json.dumps({"comm": t_comm, "gemm": t_gemm, "both": t_both,
 """
 
 
+def staging(micro_batches: int = 8, shape: tuple = (16, 4096, 1024)) -> dict:
+    """MicroBatches on GPU stages host inputs through the pool (paddle_ext.runtime.staging):
+    every micro-batch arrives on the device with its values, one event per tensor is
+    recorded, and the time per micro-batch is printed next to Paddle's own blocking copy
+    of the same host slice (reference)."""
+    paddle, runtime, _ = setup()
+    from paddle_ext.pipeline.microbatch import MicroBatches
+
+    paddle.set_device("gpu:0")
+    host = paddle.to_tensor(np.random.default_rng(0).standard_normal(
+        (micro_batches * shape[0], *shape[1:]), dtype=np.float32), place=paddle.CPUPlace())
+    labels = paddle.to_tensor(np.arange(micro_batches * shape[0]), place=paddle.CPUPlace())
+    batches = MicroBatches([host, labels], count=micro_batches, size=shape[0])
+    assert batches.stager is not None, "no stager on a GPU device"
+    before = runtime.default_pool().stats()
+    start = time.perf_counter()
+    staged = [batches.inputs(mb) for mb in range(micro_batches)]
+    issue = time.perf_counter() - start
+    paddle.device.synchronize()
+    staged_s = time.perf_counter() - start
+    for mb, t in enumerate(staged):
+        assert not t.place.is_cpu_place(), f"micro-batch {mb} stayed on {t.place}"
+        np.testing.assert_array_equal(t.numpy(), host.numpy()[mb * shape[0]:(mb + 1) * shape[0]])
+    assert np.array_equal(batches.labels(3).numpy(), labels.numpy()[3 * shape[0]:4 * shape[0]])
+    after = runtime.default_pool().stats()
+    start = time.perf_counter()
+    for mb in range(micro_batches):
+        host[mb * shape[0]:(mb + 1) * shape[0]]._copy_to(paddle.CUDAPlace(0), True)
+    paddle.device.synchronize()
+    plain_s = time.perf_counter() - start
+    out = {"staged_s": staged_s, "issue_s": issue, "paddle_copy_s": plain_s,
+           "events": after.events_recorded - before.events_recorded,
+           "peak_reserved": after.peak_reserved_bytes}
+    print(f"staging: {micro_batches} micro-batches of {shape}: through the pool {staged_s * 1e3:.1f} ms "
+          f"(host side {issue * 1e3:.1f} ms), Paddle's blocking copy (reference) {plain_s * 1e3:.1f} ms; "
+          f"{out['events']} events, pool peak reserved {after.peak_reserved_bytes >> 20} MiB")
+    if out["events"] < micro_batches + 1:
+        raise SystemExit("staging: fewer events than staged tensors")
+    return out
+
+
 def overlap() -> dict:
     import paddle
 
@@ -217,9 +260,9 @@ def overlap() -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("check", choices=["bandwidth", "gated-reuse", "overlap", "all"])
+    parser.add_argument("check", choices=["bandwidth", "gated-reuse", "staging", "overlap", "all"])
     args = parser.parse_args()
-    checks = {"bandwidth": bandwidth, "gated-reuse": gated_reuse, "overlap": overlap}
+    checks = {"bandwidth": bandwidth, "gated-reuse": gated_reuse, "staging": staging, "overlap": overlap}
     for name in checks if args.check == "all" else [args.check]:
         checks[name]()
 

@@ -168,6 +168,11 @@ def test_stream_handles():
     assert stream_handle(7) == 7
     assert stream_handle(CpuStream(9)) == 9
     assert stream_handle(PaddleLikeStream()) == 0x5555
+
+    class PaddleDeviceStream:  # paddle.device.Stream: the handle is on its core stream
+        stream_base = PaddleLikeStream()
+
+    assert stream_handle(PaddleDeviceStream()) == 0x5555
     with pytest.raises(TypeError, match="stream must be None, an int handle, a CpuStream or a Paddle stream"):
         stream_handle("s")
     with pytest.raises(ValueError, match="non-negative"):
