@@ -26,8 +26,10 @@ def enable(config: Any = None) -> None:
     """
     from paddle_ext import compat
     from paddle_ext import config as config_module
+    from paddle_ext.comm import debug
     from paddle_ext.patches import series
 
+    debug.configure(config)  # before the units: comm_debug may start the watchdog
     s = series()
     s.apply(config_module.from_source(config, s.names), compat.paddle_version())
     section = config_module.plugin_section(config)

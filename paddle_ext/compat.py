@@ -301,3 +301,73 @@ def sep_degree(hcg: Any) -> int:
     """The sep (sequence) parallel degree: 3.x's HybridCommunicateGroup has the axis, 2.6's not."""
     getter = getattr(hcg, "get_sep_parallel_world_size", None)
     return int(getter()) if getter is not None else 1
+
+
+# --- communication debugging (paddle_ext.comm) -----------------------------------------
+def group_map() -> dict:
+    """gid -> Group for every group paddle.distributed made so far (0: the global one),
+    read without creating anything (collective._group_map on 2.6 and 3.x)."""
+    from paddle.distributed import collective
+
+    return dict(getattr(collective, "_group_map", {}))
+
+
+def job_store() -> Any:
+    """The job's TCPStore once init_parallel_env made it, else None."""
+    from paddle.distributed import collective
+
+    return getattr(collective, "_default_store", None)
+
+
+def parallel_module():
+    """paddle.distributed.parallel: init_parallel_env calls its own _set_default_store."""
+    import paddle.distributed.parallel as parallel
+
+    return parallel
+
+
+def process_group_classes() -> list:
+    """The pybind ProcessGroup base and every backend subclass this build has."""
+    from paddle.base import core
+
+    names = ("ProcessGroup", "ProcessGroupGloo", "ProcessGroupNCCL", "ProcessGroupBKCL", "ProcessGroupCustom")
+    return [getattr(core, n) for n in names if hasattr(core, n)]
+
+
+def eager_connection_flag() -> bool:
+    """FLAGS_eager_communication_connection (#57517): a Paddle flag on 3.x; 2.6 has no
+    such flag, there the environment variable of the same name is read."""
+    import os
+
+    name = "FLAGS_eager_communication_connection"
+    try:
+        import paddle
+
+        return bool(paddle.get_flags([name])[name])
+    except (ValueError, KeyError, RuntimeError):
+        return os.environ.get(name, "").strip().lower() in ("1", "true", "on", "yes")
+
+
+def eager_connect(process_group: Any, p2p: bool) -> str:
+    """Creates a group's communicators now instead of at its first operation; returns
+    how ('' when there is nothing to do). Gloo connects its full mesh when the group is
+    constructed. NCCL: 3.x has eager_connect / eager_connect_ring_exchange (p2p
+    communicators); 2.6 has neither, and a first all-reduce creates the communicator."""
+    if "Gloo" in type(process_group).__name__:
+        return ""
+    if hasattr(process_group, "eager_connect"):
+        process_group.eager_connect()
+        if p2p:
+            process_group.eager_connect_ring_exchange()
+        return "eager_connect" + ("+ring_exchange" if p2p else "")
+    import paddle
+    from paddle.base import core
+
+    process_group.all_reduce(paddle.zeros([1], dtype="float32"), core.ReduceOp.SUM, True).wait()
+    return "first all_reduce"
+
+
+def hybrid_communicate_group_class():
+    from paddle.distributed.fleet.base.topology import HybridCommunicateGroup
+
+    return HybridCommunicateGroup

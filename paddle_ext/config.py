@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 SECTION = "paddle_ext"
-PLUGIN_KEYS = ("patches", "runtime")  # runtime: see paddle_ext.runtime.config
+PLUGIN_KEYS = ("patches", "runtime", "comm")  # runtime: paddle_ext.runtime.config; comm: paddle_ext.comm.settings
 ENV_PATCHES = "PADDLE_EXT_PATCHES"
 _TRUE = {"1", "on", "true", "yes"}
 _FALSE = {"0", "off", "false", "no"}

@@ -30,6 +30,11 @@ def patched_attributes():
     owners += [(owner, "fused_rotary_position_embedding") for owner in fused_rotary.owners()]
     owners += [(flash_attention.owner(), name) for name in flash_attention.NAMES]
     owners += [(compat.pipeline_layer_class(), name) for name in ("get_schedule_chunk", "build_schedule_nodes")]
+    base = compat.process_group_classes()[0]
+    owners += [(base, name) for name in ("all_reduce", "broadcast", "send", "recv", "barrier")]
+    owners += [(compat.parallel_module(), "_set_default_store")]
+    owners += [(compat.hybrid_communicate_group_class(), "__init__")]
+    owners += [(gloo, name) for name in ("eager_connect", "eager_connect_ring_exchange")]
     if compat.upstream_schedule_node_classes() is None:  # 2.6, 3.0: the unit adds them
         owners += [(compat.meta_parallel_module(), name) for name in ("ScheduleNode", "ScheduleChunk")]
     return {(id(o), name): vars(o).get(name, MISSING) for o, name in owners}
@@ -50,7 +55,7 @@ def statuses():
 def test_series_file_lists_every_unit_with_its_upstream_pr():
     names = read_series()
     assert names == ["gloo_calc_stream", "c_embedding_check", "pipeline_engine", "fused_rotary", "fb_overlap",
-                     "flash_attention"]
+                     "flash_attention", "comm_debug", "eager_connection"]
     for state in series().states:
         assert state.unit.upstream, state.unit.name
         assert all(isinstance(n, int) and n > 1000 for n in state.unit.upstream)

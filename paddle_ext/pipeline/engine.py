@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Optional
 
 import paddle
-import paddle.distributed as dist
 
 from paddle_ext import compat
+from paddle_ext.comm import eager, trace
 from paddle_ext.pipeline.grad_sync import GradReducer, GradSyncSettings
 from paddle_ext.pipeline.microbatch import MicroBatches
 from paddle_ext.pipeline.runtime.groups import link_groups, neighbour_groups
@@ -84,11 +84,17 @@ class PipelineEngine(paddle.nn.Layer):
         if self.accumulate_steps < self.num_stages:
             raise ValueError(
                 f"accumulate_steps = {self.accumulate_steps} is not allowed: must be >= pp_degree = {self.num_stages}")
-        self._p2p = P2P(neighbour_groups(hcg))
+        neighbours = neighbour_groups(hcg)
+        self._p2p = P2P(neighbours)
         self._links: Optional[tuple[P2P, P2P]] = None
+        links: list = []
         if settings.overlap_p2p:  # one-way groups for the communication threads
             to, frm = link_groups(hcg)
             self._links = (P2P(to), P2P(frm))
+            links = [*to.values(), *frm.values()]
+        # FLAGS_eager_communication_connection (#57517): the links' communicators now,
+        # not in the first train_batch.
+        eager.connect_if_enabled([*neighbours.values(), *links], p2p=True)
         self._schedules: dict[int, Schedule] = {}
         self.last_step: Optional[StepStats] = None
         # dp / sharding gradient reduction, overlapped with the backward (pipeline/grad_sync.py)
@@ -104,6 +110,23 @@ class PipelineEngine(paddle.nn.Layer):
                 "forward, then its backward", UserWarning, stacklevel=2)
 
     # the schedule ------------------------------------------------------------------
+    def set_schedule(self, schedule: Schedule, check: bool = True) -> None:
+        """Runs `schedule` (lowered: with its sends and receives) for its micro-batch count
+        instead of the generated one. check: validate it first (every send matched,
+        nothing waits forever; raises ScheduleError). With check=False a bad schedule
+        runs as given, and the comm watchdog reports where the ranks got stuck."""
+        from paddle_ext.pipeline.schedule import validate
+
+        if schedule.pp != self.num_stages or schedule.vpp != self.vpp:
+            raise ValueError(f"schedule is for pp={schedule.pp} vpp={schedule.vpp}; this engine runs "
+                             f"pp={self.num_stages} vpp={self.vpp}")
+        if not schedule.lowered:
+            raise ValueError("schedule must be lowered (carry its sends and receives): pass it through "
+                             "paddle_ext.pipeline.schedule.lower first")
+        if check:
+            validate(schedule)
+        self._schedules[schedule.microbatches] = schedule
+
     def schedule(self, microbatches: Optional[int] = None) -> Schedule:
         m = microbatches or self.accumulate_steps
         if m not in self._schedules:
@@ -209,7 +232,9 @@ class PipelineEngine(paddle.nn.Layer):
                     loss = loss / m
         else:
             loss = paddle.zeros([m] if per_microbatch else [], dtype="float32")
-        dist.broadcast(loss, src=src, group=self.pp_group)
+        group = self.pp_group
+        trace.call(group.process_group, "broadcast", loss, group.get_group_rank(src), True, tensors=(loss,),
+                   what="loss broadcast").wait()
         return loss
 
     def _optimizer_step(self, optimizer: Any, lr_scheduler: Any, scaler: Any) -> None:
@@ -228,6 +253,11 @@ class PipelineEngine(paddle.nn.Layer):
         if lr_scheduler is not None:
             lr_scheduler.step()
 
+    def export_chrome_trace(self, path: str) -> str:
+        """Writes this rank's picture of its last train_batch: the pipeline's actions and
+        every traced communication (comm/trace.py), as a chrome trace file."""
+        return trace.write_chrome_trace(path, self.last_step.spans if self.last_step else ())
+
     # evaluation --------------------------------------------------------------------
     @paddle.no_grad()
     def eval_batch(self, data: Any, compute_loss: bool = False, loss_fn_idx: int = 0) -> Any:
@@ -242,10 +272,12 @@ class PipelineEngine(paddle.nn.Layer):
         for mb in range(m):
             for chunk in range(self.vpp):
                 first, last = chunk == 0 and rank == 0, chunk == self.vpp - 1 and rank == pp - 1
-                x = batches.inputs(mb) if first else self._p2p.recv_activation(("eval", chunk), (rank - 1) % pp)
+                x = batches.inputs(mb) if first else self._p2p.recv_activation(
+                    ("eval", chunk), (rank - 1) % pp, f"eval RA{chunk}.{mb}")
                 y = self._layers(x, chunk_id=chunk) if self.vpp > 1 else self._layers(x)
                 if not last:
-                    self._p2p.send_activation(("eval", chunk if rank < pp - 1 else chunk + 1), y, (rank + 1) % pp)
+                    self._p2p.send_activation(("eval", chunk if rank < pp - 1 else chunk + 1), y, (rank + 1) % pp,
+                                              f"eval SA{chunk}.{mb}")
                 elif compute_loss:  # scaled as train_batch scales it, summed by _broadcast_loss
                     loss = loss_fn(y, batches.labels(mb))
                     losses.append(loss / m if m > 1 and not self.settings.delay_scale_loss else loss)

@@ -43,6 +43,7 @@ equal by construction, only the timing differs.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 import weakref
@@ -50,6 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
 
 from paddle_ext import compat
+from paddle_ext.comm import trace
 from paddle_ext.comm.collectives import CollectiveError, make_worker
 from paddle_ext.pipeline.grad_buffers import DEFAULT_BUCKET_BYTES, GradBucket, build_buckets
 
@@ -372,16 +374,19 @@ class GradReducer:
         calc_stream = self._calc_stream
         dst = b.owner
 
+        what = f"grad bucket {b.label}"
+        traced = functools.partial(trace.call, tensors=(buffer,), what=what)
+
         def run() -> None:
             if kind == "reduce":
                 if calc_stream:
-                    pg.reduce_on_calc_stream(buffer, dst, core.ReduceOp.SUM)
+                    traced(pg, "reduce_on_calc_stream", buffer, dst, core.ReduceOp.SUM)
                 else:
-                    pg.reduce(buffer, dst, core.ReduceOp.SUM, True).wait()
+                    traced(pg, "reduce", buffer, dst, core.ReduceOp.SUM, True).wait()
             elif calc_stream:
-                pg.all_reduce_on_calc_stream(buffer, core.ReduceOp.SUM)
+                traced(pg, "all_reduce_on_calc_stream", buffer, core.ReduceOp.SUM)
             else:
-                pg.all_reduce(buffer, core.ReduceOp.SUM, True).wait()
+                traced(pg, "all_reduce", buffer, core.ReduceOp.SUM, True).wait()
             if scale and factor != 1.0:
                 buffer.scale_(factor)
 

@@ -203,16 +203,16 @@ class CommThread:
                     return
                 ticket.posted = self._clock()
                 if isinstance(a, SendAct):
-                    self.send_p2p.send_activation(("act", a.chunk), ticket.payload, a.peer)
+                    self.send_p2p.send_activation(("act", a.chunk), ticket.payload, a.peer, str(a))
                     self._release(ticket.payload)
                     ticket.payload = None
                 elif isinstance(a, SendGrad):
-                    self.send_p2p.send_grads(ticket.payload, a.peer)
+                    self.send_p2p.send_grads(ticket.payload, a.peer, str(a))
                     ticket.payload = None
                 elif isinstance(a, RecvAct):
-                    ticket.payload = self.recv_p2p.recv_activation(("act", a.chunk), a.peer)
+                    ticket.payload = self.recv_p2p.recv_activation(("act", a.chunk), a.peer, str(a))
                 else:
-                    ticket.payload = self.recv_p2p.recv_grads_into(self._claim_buffers(ticket), a.peer)
+                    ticket.payload = self.recv_p2p.recv_grads_into(self._claim_buffers(ticket), a.peer, str(a))
                 ticket.finished = self._clock()
                 self.events.append((ticket.position, a, ticket.posted, ticket.finished))
                 ticket.done.set()

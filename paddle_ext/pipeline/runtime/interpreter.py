@@ -226,20 +226,21 @@ class Interpreter:
         elif isinstance(action, FB):
             self._forward_backward(action.f, action.b)
         elif isinstance(action, RecvAct):
-            self._slot(action.chunk, action.mb).inputs = self.p2p.recv_activation(("act", action.chunk), action.peer)
+            self._slot(action.chunk, action.mb).inputs = self.p2p.recv_activation(("act", action.chunk), action.peer,
+                                                                                  str(action))
         elif isinstance(action, SendAct):
             slot = self.slots[(action.chunk, action.mb)]
-            self.p2p.send_activation(("act", action.chunk), slot.outputs, action.peer)
+            self.p2p.send_activation(("act", action.chunk), slot.outputs, action.peer, str(action))
             meta = PayloadMeta.of(slot.outputs)
             slot.output_grad_meta = [m for m in meta.tensors if not m.stop_gradient]
             slot.output_is_tuple = meta.is_tuple
             _release(slot.outputs)
         elif isinstance(action, RecvGrad):
             slot = self.slots[(action.chunk, action.mb)]
-            slot.output_grads = self.p2p.recv_grads(slot.output_grad_meta, action.peer)
+            slot.output_grads = self.p2p.recv_grads(slot.output_grad_meta, action.peer, str(action))
         elif isinstance(action, SendGrad):
             slot = self.slots.pop((action.chunk, action.mb))
-            self.p2p.send_grads(slot.input_grads, action.peer)
+            self.p2p.send_grads(slot.input_grads, action.peer, str(action))
         elif isinstance(action, GradSync):
             self.program.on_grad_sync(action.chunk)
         else:

@@ -19,6 +19,8 @@ from typing import Any, Sequence
 
 import paddle
 
+from paddle_ext.comm import trace
+
 _DTYPES = ("float32", "float16", "bfloat16", "float64", "int64", "int32", "bool", "uint8", "int8", "int16")
 
 
@@ -85,59 +87,62 @@ class P2P:
         self._recv_meta: dict[Any, PayloadMeta] = {}
 
     # raw tensors -----------------------------------------------------------------
-    def _send(self, tensor: paddle.Tensor, peer: int) -> None:
+    def _send(self, tensor: paddle.Tensor, peer: int, what: str) -> None:
         pg, peer_in_group = self._links[peer]
-        pg.send(tensor, peer_in_group, True).wait()
+        trace.call(pg, "send", tensor, peer_in_group, True, tensors=(tensor,), peer=peer_in_group,
+                   what=what).wait()
 
-    def _recv(self, tensor: paddle.Tensor, peer: int) -> None:
+    def _recv(self, tensor: paddle.Tensor, peer: int, what: str) -> None:
         pg, peer_in_group = self._links[peer]
-        pg.recv(tensor, peer_in_group, True).wait()
+        trace.call(pg, "recv", tensor, peer_in_group, True, tensors=(tensor,), peer=peer_in_group,
+                   what=what).wait()
 
     # activations -----------------------------------------------------------------
-    def send_activation(self, channel: Any, payload: Any, peer: int) -> None:
+    # `what` labels the transfer in the communication trace (the pipeline action).
+    def send_activation(self, channel: Any, payload: Any, peer: int, what: str = "") -> None:
         meta = PayloadMeta.of(payload)
         cached = self._sent_meta.get(channel)
         if cached is None:
             code = meta.encode()
-            self._send(paddle.to_tensor([len(code)], dtype="int64"), peer)
-            self._send(paddle.to_tensor(code, dtype="int64"), peer)
+            self._send(paddle.to_tensor([len(code)], dtype="int64"), peer, f"{what} header")
+            self._send(paddle.to_tensor(code, dtype="int64"), peer, f"{what} header")
             self._sent_meta[channel] = meta
         elif cached != meta:
             raise ValueError(
                 f"pipeline payload changed between micro-batches on {channel}: first {cached}, now {meta}; "
                 "every micro-batch must give the stage outputs of the same shapes and dtypes")
         for t in as_tuple(payload):
-            self._send(t.detach(), peer)
+            self._send(t.detach(), peer, what)
 
-    def recv_activation(self, channel: Any, peer: int) -> Any:
+    def recv_activation(self, channel: Any, peer: int, what: str = "") -> Any:
         meta = self._recv_meta.get(channel)
         if meta is None:
             size = paddle.zeros([1], dtype="int64")
-            self._recv(size, peer)
+            self._recv(size, peer, f"{what} header")
             code = paddle.zeros([int(size.item())], dtype="int64")
-            self._recv(code, peer)
+            self._recv(code, peer, f"{what} header")
             meta = self._recv_meta[channel] = PayloadMeta.decode(code.numpy().tolist())
         tensors = []
         for m in meta.tensors:
             t = paddle.empty(list(m.shape), dtype=m.dtype)
-            self._recv(t, peer)
+            self._recv(t, peer, what)
             t.stop_gradient = m.stop_gradient
             tensors.append(t)
         return tuple(tensors) if meta.is_tuple else tensors[0]
 
     # gradients -------------------------------------------------------------------
-    def send_grads(self, grads: Sequence[paddle.Tensor], peer: int) -> None:
+    def send_grads(self, grads: Sequence[paddle.Tensor], peer: int, what: str = "") -> None:
         for g in grads:
-            self._send(g, peer)
+            self._send(g, peer, what)
 
-    def recv_grads(self, like: Sequence[TensorMeta], peer: int) -> list[paddle.Tensor]:
-        return self.recv_grads_into(self.grad_buffers(like), peer)
+    def recv_grads(self, like: Sequence[TensorMeta], peer: int, what: str = "") -> list[paddle.Tensor]:
+        return self.recv_grads_into(self.grad_buffers(like), peer, what)
 
     @staticmethod
     def grad_buffers(like: Sequence[TensorMeta]) -> list[paddle.Tensor]:
         return [paddle.empty(list(m.shape), dtype=m.dtype) for m in like]
 
-    def recv_grads_into(self, buffers: Sequence[paddle.Tensor], peer: int) -> list[paddle.Tensor]:
+    def recv_grads_into(self, buffers: Sequence[paddle.Tensor], peer: int, what: str = "") -> list[paddle.Tensor]:
         for g in buffers:
-            self._recv(g, peer)
+            self._recv(g, peer, what)
         return list(buffers)

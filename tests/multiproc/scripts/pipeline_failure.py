@@ -1,11 +1,14 @@
 """Rank script: one pipeline rank raises inside forward or backward.
 
-Usage: pipeline_failure.py PP FAIL_RANK forward|backward [async]
+Usage: pipeline_failure.py PP FAIL_RANK forward|backward|kill [async]
 Every rank must end non-zero, the failing one naming itself, the action and
-its position in the schedule. async: with the forward/backward overlap
-scheduler and overlap_p2p_comm (communication threads).
+its position in the schedule. kill: the rank SIGKILLs itself instead (no exit
+handlers run): the others must name it as lost. async: with the forward/backward
+overlap scheduler and overlap_p2p_comm (communication threads).
 """
 
+import os
+import signal
 import sys
 
 import paddle
@@ -39,6 +42,9 @@ def failing_forward(self, inputs):
     if paddle.distributed.get_rank() == FAIL_RANK and self.training:
         calls["n"] += 1
         if calls["n"] == 3:  # the third micro-batch through this rank
+            if WHERE == "kill":
+                print(f"rank {FAIL_RANK}: SIGKILL to myself", flush=True)
+                os.kill(os.getpid(), signal.SIGKILL)
             if WHERE == "forward":
                 raise RuntimeError("injected failure in forward")
             hidden = Boom.apply(hidden)

@@ -1,0 +1,321 @@
+"""Communication tracing: every collective and p2p transfer, numbered per group.
+
+Each rank keeps a bounded ring of CommRecords. A record's `seq` counts this rank's
+operations on one process group (0, 1, 2, ...); ranks of a group that run the same
+program give the same op the same seq, which is what lets the hang report
+(comm/report.py) line up the ranks' histories and find where they diverge.
+
+Two ways in, one record each:
+
+- `call(pg, op, *args, ...)`: the plugin's own communication (pipeline transfers,
+  gradient buckets, the loss broadcast) goes through it, with a label naming the
+  pipeline action or bucket;
+- the comm_debug patch unit (#56441) wraps the methods of Paddle's ProcessGroup
+  classes (`traced_method`), so paddle.distributed's collectives, fleet's included,
+  are recorded too, labelled with the caller's file:line. A call already inside
+  `call` is not recorded twice.
+
+Times are wall-clock seconds (time.time), as the pipeline interpreter's spans, so
+`chrome_trace` draws both in one picture. On CPU/gloo an op's span is the time the
+call blocked; on GPU it is the host's enqueue time (see docs/comm_debugging.md).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any, Callable, Iterable, Optional, Sequence
+
+__all__ = ["CommRecord", "CommTracer", "call", "chrome_trace", "tracer", "traced_method", "write_chrome_trace"]
+
+DEFAULT_RING = 4096
+
+
+class CommRecord:
+    """One operation on one group, as this rank issued it."""
+
+    __slots__ = ("seq", "group", "op", "shapes", "dtype", "peer", "what", "start", "end", "thread", "error")
+
+    def __init__(self, seq: int, group: int, op: str, shapes: tuple, dtype: str, peer: Optional[int],
+                 what: str, start: float, thread: str) -> None:
+        self.seq, self.group, self.op = seq, group, op
+        self.shapes, self.dtype, self.peer, self.what = shapes, dtype, peer, what
+        self.start, self.end, self.thread = start, None, thread
+        self.error: Optional[str] = None
+
+    @property
+    def done(self) -> bool:
+        return self.end is not None
+
+    def signature(self) -> tuple:
+        """What two ranks' records of the same seq must agree on (p2p: see report.py)."""
+        return (self.op, self.dtype, self.shapes, self.what)
+
+    def to_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self.__slots__}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CommRecord:
+        rec = cls(d["seq"], d["group"], d["op"], tuple(tuple(s) for s in d["shapes"]), d["dtype"],
+                  d["peer"], d["what"], d["start"], d["thread"])
+        rec.end, rec.error = d["end"], d["error"]
+        return rec
+
+    def describe(self) -> str:
+        shapes = ", ".join("x".join(map(str, s)) or "scalar" for s in self.shapes)
+        peer = f" {'to' if self.op.startswith('send') else 'from'} rank {self.peer}" if self.peer is not None else ""
+        data = f" [{self.dtype} {shapes}]" if self.shapes else ""
+        return f"{self.op} #{self.seq}{peer}{data} ({self.what})"
+
+    def __repr__(self) -> str:
+        return f"CommRecord(group {self.group}, {self.describe()}, {'done' if self.done else 'in flight'})"
+
+
+class _GroupInfo:
+    __slots__ = ("gid", "ranks")
+
+    def __init__(self, gid: int, ranks: tuple[int, ...]) -> None:
+        self.gid, self.ranks = gid, ranks
+
+
+class CommTracer:
+    """A rank's ring of CommRecords, its in-flight operations and per-group counters."""
+
+    def __init__(self, ring: int = DEFAULT_RING, clock: Callable[[], float] = time.time) -> None:
+        if ring < 1:
+            raise ValueError(f"ring = {ring} is not allowed: the trace ring must hold at least 1 record")
+        self.enabled = True
+        self.clock = clock
+        self.records: collections.deque[CommRecord] = collections.deque(maxlen=ring)
+        self.in_flight: dict[int, CommRecord] = {}
+        self.counts: dict[int, int] = {}
+        self.groups: dict[int, tuple[int, ...]] = {}  # gid -> global ranks
+        self._by_pg: dict[int, _GroupInfo] = {}
+        self._unknown = 0
+        self._lock = threading.Lock()
+
+    # --- groups ---------------------------------------------------------------------
+    def group_of(self, pg: Any) -> _GroupInfo:
+        info = self._by_pg.get(id(pg))
+        if info is None:
+            self._refresh_groups()
+            info = self._by_pg.get(id(pg))
+            if info is None:  # a process group Paddle's group map does not know
+                with self._lock:
+                    self._unknown -= 1
+                    info = _GroupInfo(self._unknown, ())
+                self._by_pg[id(pg)] = info
+        return info
+
+    def _refresh_groups(self) -> None:
+        if "paddle.distributed.collective" not in sys.modules:
+            return  # no group exists yet, and importing it here would take seconds
+        from paddle_ext import compat
+
+        for gid, group in compat.group_map().items():
+            pg = getattr(group, "process_group", None)
+            if pg is not None:
+                ranks = tuple(int(r) for r in group.ranks)
+                self._by_pg[id(pg)] = _GroupInfo(int(gid), ranks)
+                self.groups[int(gid)] = ranks
+
+    # --- records --------------------------------------------------------------------
+    def begin(self, group: int, op: str, tensors: Iterable[Any], peer: Optional[int], what: str) -> CommRecord:
+        shapes, dtype = _describe(tensors)
+        with self._lock:
+            seq = self.counts.get(group, 0)
+            self.counts[group] = seq + 1
+        rec = CommRecord(seq, group, op, shapes, dtype, peer, what, self.clock(),
+                         threading.current_thread().name)
+        self.records.append(rec)
+        self.in_flight[id(rec)] = rec
+        return rec
+
+    def end(self, rec: CommRecord, error: Optional[BaseException] = None) -> None:
+        rec.end = self.clock()
+        if error is not None:
+            rec.error = f"{type(error).__name__}: {error}"[:300]
+        self.in_flight.pop(id(rec), None)
+
+    def event(self, group: int, op: str, what: str, start: float, end: float) -> CommRecord:
+        """A non-numbered record (group creation, eager connection): seq -1."""
+        rec = CommRecord(-1, group, op, (), "", None, what, start, threading.current_thread().name)
+        rec.end = end
+        self.records.append(rec)
+        return rec
+
+    def oldest_in_flight(self) -> Optional[CommRecord]:
+        flying = list(self.in_flight.values())
+        return min(flying, key=lambda r: r.start) if flying else None
+
+    def snapshot(self, last: int = 256) -> dict:
+        """JSON-ready state for the hang report: groups, counters, the newest records."""
+        self._refresh_groups()
+        records = list(self.records)[-last:]
+        return {"groups": {str(g): list(r) for g, r in self.groups.items()},
+                "counts": {str(g): n for g, n in self.counts.items()},
+                "records": [r.to_dict() for r in records],
+                "in_flight": [r.to_dict() for r in list(self.in_flight.values())]}
+
+    def clear(self) -> None:
+        self.records.clear()
+
+
+def _describe(tensors: Iterable[Any]) -> tuple[tuple, str]:
+    shapes, dtype = [], ""
+    for t in tensors:
+        shape = getattr(t, "shape", None)
+        if shape is None:
+            continue
+        shapes.append(tuple(int(d) for d in shape))
+        if not dtype:
+            dtype = str(t.dtype).replace("paddle.", "")
+    return tuple(shapes), dtype
+
+
+_TRACER = CommTracer()
+_local = threading.local()
+
+
+def tracer() -> CommTracer:
+    """This process's tracer."""
+    return _TRACER
+
+
+def call(pg: Any, op: str, *args: Any, tensors: Sequence[Any] = (), peer: Optional[int] = None,
+         what: str = "") -> Any:
+    """Runs `pg.<op>(*args)` recorded as one operation of pg's group. `peer` is the
+    peer's rank within pg (send/recv); it is recorded as a global rank."""
+    t = _TRACER
+    if not t.enabled:
+        return getattr(pg, op)(*args)
+    info = t.group_of(pg)
+    global_peer = info.ranks[peer] if peer is not None and peer < len(info.ranks) else peer
+    rec = t.begin(info.gid, op.removesuffix("_on_calc_stream"), tensors, global_peer, what)
+    _local.active = True
+    try:
+        out = getattr(pg, op)(*args)
+    except BaseException as err:
+        t.end(rec, err)
+        raise
+    finally:
+        _local.active = False
+    t.end(rec)
+    return out
+
+
+# --- Paddle's own collectives (the comm_debug patch unit) -----------------------------
+_P2P_OPS = ("send", "recv", "send_partial", "recv_partial")
+
+
+def traced_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    """A ProcessGroup method that records each call (unless `call` is recording it)."""
+    op = name.removesuffix("_on_calc_stream")
+    p2p = op in _P2P_OPS
+
+    def method(self: Any, *args: Any, **kwargs: Any) -> Any:
+        t = _TRACER
+        if not t.enabled or getattr(_local, "active", False):
+            return original(self, *args, **kwargs)
+        info = t.group_of(self)
+        peer = None
+        if p2p and len(args) > 1 and isinstance(args[1], int):
+            peer = info.ranks[args[1]] if args[1] < len(info.ranks) else args[1]
+        rec = t.begin(info.gid, op, _tensors_in(args), peer, _caller())
+        _local.active = True
+        try:
+            out = original(self, *args, **kwargs)
+        except BaseException as err:
+            t.end(rec, err)
+            raise
+        finally:
+            _local.active = False
+        t.end(rec)
+        return out
+
+    method.__wrapped__ = original  # type: ignore[attr-defined]
+    method.__paddle_ext_traced__ = True  # type: ignore[attr-defined]
+    method.__name__ = name
+    return method
+
+
+def _tensors_in(args: Sequence[Any]) -> list:
+    out = []
+    for a in args:
+        if isinstance(a, (list, tuple)):
+            out.extend(x for x in a if hasattr(x, "shape") and hasattr(x, "dtype"))
+        elif hasattr(a, "shape") and hasattr(a, "dtype"):
+            out.append(a)
+    return out
+
+
+_SKIP_DIRS: Optional[tuple[str, ...]] = None
+
+
+def _caller() -> str:
+    """file:line of the first frame outside Paddle and paddle_ext.comm: where the
+    user's program asked for this collective."""
+    global _SKIP_DIRS
+    if _SKIP_DIRS is None:
+        import paddle
+
+        _SKIP_DIRS = (os.path.dirname(paddle.__file__) + os.sep, os.path.dirname(__file__) + os.sep)
+    frame = sys._getframe(2)
+    while frame is not None and frame.f_code.co_filename.startswith(_SKIP_DIRS):
+        frame = frame.f_back
+    if frame is None:
+        return "?"
+    return f"{os.path.basename(frame.f_code.co_filename)}:{frame.f_lineno}"
+
+
+# --- export ---------------------------------------------------------------------------
+def chrome_trace(records: Iterable[CommRecord], compute_spans: Iterable[tuple] = (), rank: int = 0,
+                 groups: Optional[dict] = None) -> list[dict]:
+    """Chrome trace events (chrome://tracing, Perfetto) of one rank: its pipeline
+    actions on a "compute" row, each group's communication on a row of its own.
+    `compute_spans`: (position, action, start, end) as PipelineEngine.last_step.spans."""
+    events: list[dict] = [{"name": "process_name", "ph": "M", "pid": rank, "args": {"name": f"rank {rank}"}}]
+    for _pos, action, start, end in compute_spans:
+        row = "pipeline p2p" if getattr(action, "peer", None) is not None else "compute"
+        events.append({"name": str(action), "ph": "X", "pid": rank, "tid": row,
+                       "ts": start * 1e6, "dur": max(end - start, 0.0) * 1e6, "cat": "pipeline"})
+    groups = groups or {}
+    for rec in records:
+        end = rec.end if rec.end is not None else rec.start
+        ranks = groups.get(rec.group) or groups.get(str(rec.group))
+        row = f"group {rec.group}" + (f" {list(ranks)}" if ranks else "")
+        events.append({"name": f"{rec.op} #{rec.seq}" if rec.seq >= 0 else rec.op, "ph": "X", "pid": rank,
+                       "tid": row, "ts": rec.start * 1e6, "dur": max(end - rec.start, 0.0) * 1e6,
+                       "cat": "comm", "args": {"what": rec.what, "shapes": [list(s) for s in rec.shapes],
+                                               "dtype": rec.dtype, "peer": rec.peer,
+                                               "in_flight": rec.end is None, "error": rec.error}})
+    return events
+
+
+def write_chrome_trace(path: str, compute_spans: Iterable[tuple] = (), rank: Optional[int] = None) -> str:
+    """Writes this rank's trace (its ring and `compute_spans`) as a chrome trace file."""
+    if rank is None:
+        from paddle_ext import compat
+
+        rank = compat.global_rank()
+    t = _TRACER
+    t._refresh_groups()
+    events = chrome_trace(list(t.records), compute_spans, rank, t.groups)
+    with open(path, "w") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+    return path
+
+
+def merge_chrome_traces(paths: Sequence[str], out: str) -> str:
+    """One file with every rank's events (each rank is a process row)."""
+    events: list = []
+    for p in paths:
+        with open(p) as f:
+            events.extend(json.load(f)["traceEvents"])
+    with open(out, "w") as f:
+        json.dump({"traceEvents": events, "displayTimeUnit": "ms"}, f)
+    return out

@@ -1,0 +1,385 @@
+"""The watchdog: a side channel between the ranks that does not depend on any
+communicator, for hang reports and lost-rank detection.
+
+Rank 0 serves a hub (a TCP socket, its address published once through the job's
+TCPStore at init); every rank, rank 0 included, keeps one connection to it from a
+daemon thread. Blocking gloo/NCCL calls release Python's GIL, so the thread runs
+while the main thread is stuck. JSON lines travel both ways.
+
+Incidents, and what the hub does with them:
+- a rank's oldest in-flight operation is older than hang_timeout -> "stuck";
+- a connection closes without a goodbye -> that rank is lost (SIGKILL, a crash: the
+  kernel closes a dead process's sockets, so this is seen at once, not after a
+  communicator's timeout); the hub itself lost -> every rank names rank 0;
+- a rank's program raised -> "failed" (sent from its exit handler);
+- all ranks finished but with different operation counts on a group.
+The hub then asks every live rank for its tracer snapshot, waits up to `grace`
+seconds, builds the report (comm/report.py) and sends it to every rank, which prints
+it and ends with EXIT_HANG (3) or EXIT_PEER (4): a rank blocked in a collective
+cannot be woken, so the process ends with os._exit from the watchdog thread.
+
+At a normal exit each rank tells the hub it finished and waits (at most
+hang_timeout + grace) until every rank did, so a rank that skipped an operation
+stays reachable, and its peers' communicators are not torn down under them, while
+the others are stuck in it.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import selectors
+import socket
+import sys
+import threading
+import time
+from typing import Any, Callable, Optional
+
+from paddle_ext.comm import report
+from paddle_ext.comm.trace import CommRecord, CommTracer
+
+__all__ = ["EXIT_HANG", "EXIT_PEER", "Hub", "Watchdog", "running", "start", "stop"]
+
+EXIT_HANG = 3   # a hang or a divergence
+EXIT_PEER = 4   # another rank was lost or failed
+_STORE_KEY = "paddle_ext/comm_watchdog/hub"
+_DEBUG = os.environ.get("PADDLE_EXT_WATCHDOG_DEBUG", "") not in ("", "0")
+
+
+def _debug(text: str) -> None:
+    if _DEBUG:
+        print(f"paddle_ext watchdog debug [{time.time():.3f}]: {text}", file=sys.stderr, flush=True)
+
+
+class _Channel:
+    """JSON lines over a socket; send may be called from any thread."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self.buf = b""
+        self.lock = threading.Lock()
+        self.rank = -1
+        self.meta: dict = {}
+
+    def send(self, msg: dict) -> bool:
+        data = (json.dumps(msg) + "\n").encode()
+        try:
+            with self.lock:
+                self.sock.sendall(data)
+            return True
+        except OSError:
+            return False
+
+    def read(self) -> Optional[list[dict]]:
+        """Messages now readable; None at end of stream."""
+        try:
+            chunk = self.sock.recv(1 << 16)
+        except (BlockingIOError, InterruptedError):
+            return []
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return None
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        return [json.loads(line) for line in lines if line]
+
+
+class Hub(threading.Thread):
+    """Rank 0's end: collects incidents, gathers states, hands out the verdict."""
+
+    def __init__(self, world_size: int, grace: float, settle: float = 0.5) -> None:
+        super().__init__(name="paddle_ext-watchdog-hub", daemon=True)
+        self.world_size = world_size
+        self.grace, self.settle = grace, settle
+        self.server = socket.socket()
+        self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.server.bind(("0.0.0.0", 0))
+        self.server.listen(max(16, world_size))
+        self.port = self.server.getsockname()[1]
+        self.sel = selectors.DefaultSelector()
+        self.sel.register(self.server, selectors.EVENT_READ)
+        self.channels: dict[int, _Channel] = {}
+        self.said_bye: set[int] = set()
+        self.finished: dict[int, dict] = {}
+        self.reasons: list[str] = []
+        self.lost: dict[int, str] = {}
+        self.exit_code = EXIT_HANG
+        self.collect_deadline: Optional[float] = None
+        self.settle_deadline: Optional[float] = None
+        self.states: dict[int, dict] = {}
+        self.closing = False
+
+    # --- incidents ---------------------------------------------------------------
+    def _incident(self, reason: str, code: int, lost: Optional[int] = None) -> None:
+        if self.closing:
+            return
+        if lost is not None:  # the likely cause of whatever else is reported: first
+            self.lost[lost] = "lost: its watchdog connection closed without a goodbye"
+            self.reasons.insert(0, reason)
+        elif reason not in self.reasons:
+            self.reasons.append(reason)
+        if code == EXIT_PEER:
+            # Say it at once: a launcher may end the survivors before the report is ready
+            # (paddle.distributed.launch stops the pod within ~2 s of a rank's death).
+            self.exit_code = EXIT_PEER
+            for r in sorted(self.channels, key=lambda r: r == 0):
+                self.channels[r].send({"t": "notice", "text": f"paddle_ext comm watchdog: {reason}"})
+        if self.settle_deadline is None and self.collect_deadline is None:
+            # Let closely following events (a lost rank behind a failure) arrive first.
+            self.settle_deadline = time.monotonic() + self.settle
+
+    def _collect(self) -> None:
+        self.settle_deadline = None
+        self.collect_deadline = time.monotonic() + self.grace
+        self.states = {}
+        for ch in list(self.channels.values()):
+            ch.send({"t": "collect"})
+
+    def _live(self) -> list[int]:
+        return sorted(self.channels)
+
+    def _verdict(self) -> None:
+        states: dict[int, Optional[dict]] = {r: self.states.get(r) for r in range(self.world_size)}
+        rep = report.analyse(states, self.world_size, "; ".join(self.reasons), self.exit_code, self.lost)
+        self.closing = True
+        self.collect_deadline = None
+        msg = {"t": "verdict", "text": rep.text, "code": self.exit_code}
+        # rank 0's own channel last: its process ends as soon as it reads the verdict
+        for r in sorted(self.channels, key=lambda r: r == 0):
+            self.channels[r].send(msg)
+        self.closing_since = time.monotonic()
+
+    # --- messages ----------------------------------------------------------------
+    def _on_message(self, ch: _Channel, msg: dict) -> None:
+        t = msg.get("t")
+        _debug(f"hub got {t} from rank {msg.get('rank', ch.rank)}")
+        if t == "hello":
+            ch.rank, ch.meta = int(msg["rank"]), msg
+            self.channels[ch.rank] = ch
+        elif t == "stuck":
+            self._incident(f"rank {ch.rank} made no progress for {msg['age']:.1f} s: it waits in "
+                           f"{msg['what']}", EXIT_HANG)
+        elif t == "failed":
+            self._incident(f"rank {ch.rank} failed: {msg['error']}", EXIT_PEER)
+        elif t == "state":
+            self.states[ch.rank] = msg["state"]
+        elif t == "finished":
+            self.finished[ch.rank] = msg["counts"]
+            self._check_finished()
+        elif t == "bye":
+            self.said_bye.add(ch.rank)
+
+    def _check_finished(self) -> None:
+        if len(self.finished) < self.world_size:
+            return
+        groups: dict[str, dict[int, int]] = {}
+        for r, counts in self.finished.items():
+            for g, n in counts.items():
+                groups.setdefault(g, {})[r] = n
+        uneven = {g: c for g, c in groups.items() if len(set(c.values())) > 1}
+        if uneven:
+            g, c = sorted(uneven.items())[0]
+            self._incident(f"the ranks finished with different numbers of operations on group {g}: "
+                           + ", ".join(f"rank {r}: {n}" for r, n in sorted(c.items())), EXIT_HANG)
+        else:
+            for ch in self.channels.values():
+                ch.send({"t": "ok"})
+
+    def _on_closed(self, ch: _Channel) -> None:
+        _debug(f"hub: connection of rank {ch.rank} closed")
+        self.sel.unregister(ch.sock)
+        ch.sock.close()
+        if ch.rank < 0 or self.channels.get(ch.rank) is not ch:
+            return
+        del self.channels[ch.rank]
+        if ch.rank not in self.said_bye and not self.closing:
+            where = f"pid {ch.meta.get('pid')} on {ch.meta.get('host')}"
+            self._incident(f"rank {ch.rank} lost ({where}): its watchdog connection closed without a "
+                           "goodbye (killed, or crashed before Python's exit handlers)", EXIT_PEER, lost=ch.rank)
+
+    # --- the loop ----------------------------------------------------------------
+    def run(self) -> None:
+        while True:
+            for key, _ in self.sel.select(timeout=0.1):
+                if key.fileobj is self.server:
+                    sock, _addr = self.server.accept()
+                    sock.setblocking(False)
+                    self.sel.register(sock, selectors.EVENT_READ, _Channel(sock))
+                    continue
+                ch = key.data
+                msgs = ch.read()
+                if msgs is None:
+                    self._on_closed(ch)
+                    continue
+                for msg in msgs:
+                    self._on_message(ch, msg)
+            now = time.monotonic()
+            if self.settle_deadline is not None and now >= self.settle_deadline:
+                self._collect()
+            if self.collect_deadline is not None and (
+                    now >= self.collect_deadline or set(self._live()) <= set(self.states)):
+                self._verdict()
+            if self.closing and (not self.channels or now - self.closing_since > 10):
+                return
+            if not self.closing and self.finished and len(self.said_bye) >= self.world_size:
+                return
+
+
+class Watchdog(threading.Thread):
+    """Every rank's end of the side channel (see the module docstring)."""
+
+    def __init__(self, rank: int, world_size: int, hub_address: tuple[str, int], tracer: CommTracer,
+                 hang_timeout: float, grace: float, exit_fn: Callable[[int], None] = os._exit) -> None:
+        super().__init__(name=f"paddle_ext-watchdog-rank{rank}", daemon=True)
+        self.rank, self.world_size = rank, world_size
+        self.hub_address = hub_address
+        self.tracer = tracer
+        self.hang_timeout, self.grace = hang_timeout, grace
+        self.tick = min(1.0, max(0.05, hang_timeout / 10)) if hang_timeout else 1.0
+        self.exit_fn = exit_fn
+        self.status = "running"
+        self.error: Optional[str] = None
+        self.ok = threading.Event()
+        self.connected = threading.Event()
+        self.reported_stuck = False
+        self.leaving = False
+        self.ended = False
+        self.ch: Optional[_Channel] = None
+
+    def run(self) -> None:
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                sock = socket.create_connection(self.hub_address, timeout=5)
+                break
+            except OSError:
+                if time.monotonic() > deadline:
+                    print(f"paddle_ext comm watchdog (rank {self.rank}): cannot reach the hub at "
+                          f"{self.hub_address}; running without a watchdog", file=sys.stderr, flush=True)
+                    return
+                time.sleep(0.2)
+        sock.settimeout(None)
+        self.ch = _Channel(sock)
+        self.ch.send({"t": "hello", "rank": self.rank, "pid": os.getpid(), "host": socket.gethostname()})
+        self.connected.set()
+        sel = selectors.DefaultSelector()
+        sel.register(sock, selectors.EVENT_READ)
+        while True:
+            if sel.select(timeout=self.tick):
+                msgs = self.ch.read()
+                if msgs is None:
+                    if self.leaving:
+                        return
+                    self._end("paddle_ext comm watchdog: rank 0 lost (it serves the watchdog's hub): "
+                              f"the connection closed without a verdict; ending rank {self.rank}", EXIT_PEER)
+                    return
+                for msg in msgs:
+                    self._on_message(msg)
+            if self.ended:
+                return
+            self._check_progress()
+
+    def _on_message(self, msg: dict) -> None:
+        t = msg.get("t")
+        _debug(f"rank {self.rank} got {t}")
+        if t == "collect":
+            self.ch.send({"t": "state", "state": self.state()})
+        elif t == "verdict":
+            self._end(msg["text"], int(msg["code"]))
+        elif t == "ok":
+            self.ok.set()
+        elif t == "notice":
+            print(f"[rank {self.rank}] {msg['text']}", file=sys.stderr, flush=True)
+
+    def _end(self, text: str, code: int) -> None:
+        print(f"[rank {self.rank}] " + text.replace("\n", f"\n[rank {self.rank}] "), file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        self.ended = True
+        self.exit_fn(code)  # os._exit: the process ends here (tests pass a recorder)
+
+    def _check_progress(self) -> None:
+        if not self.hang_timeout or self.reported_stuck:
+            return
+        rec: Optional[CommRecord] = self.tracer.oldest_in_flight()
+        if rec is None:
+            return
+        age = self.tracer.clock() - rec.start
+        if age > self.hang_timeout:
+            self.reported_stuck = True
+            self.ch.send({"t": "stuck", "age": age, "what": f"{rec.describe()} on group {rec.group}"})
+
+    def state(self) -> dict:
+        return {"status": self.status, "error": self.error, "now": self.tracer.clock(), "pid": os.getpid(),
+                "snapshot": self.tracer.snapshot()}
+
+    # --- the main thread's side ----------------------------------------------------
+    def at_exit(self, error: Optional[str]) -> None:
+        """The program ends: tell the hub, and (normal end) wait for the others."""
+        if not self.connected.wait(5) or self.ch is None:
+            return
+        if error is not None:
+            # Stay reachable until the verdict (which ends this process): the report then
+            # shows what this rank was doing, and names a lost peer if that failed us.
+            self.status, self.error = "failed", error
+            self.ch.send({"t": "failed", "error": error})
+            time.sleep(3 * self.grace + 2)
+        else:
+            self.status = "finished"
+            self.ch.send({"t": "finished", "counts": {str(g): n for g, n in self.tracer.counts.items()}})
+            wait = (self.hang_timeout or 60.0) + 2 * self.grace + 5
+            if not self.ok.wait(wait):
+                print(f"paddle_ext comm watchdog (rank {self.rank}): other ranks still running after "
+                      f"{wait:.0f} s; leaving", file=sys.stderr, flush=True)
+        self.leaving = True
+        self.ch.send({"t": "bye"})
+
+
+_STATE: dict[str, Any] = {}
+
+
+def running() -> Optional[Watchdog]:
+    return _STATE.get("watchdog")
+
+
+def start(store: Any, rank: int, world_size: int, tracer: CommTracer, hang_timeout: float,
+          grace: Optional[float] = None) -> Optional[Watchdog]:
+    """Starts this rank's watchdog (collective over the job: every rank calls it, at
+    init). The hub's address travels through `store` (the job's TCPStore), on this
+    thread: the store's client is not shared with the watchdog thread."""
+    if world_size < 2 or running() is not None:
+        return running()
+    grace = grace if grace is not None else min(10.0, max(2.0, hang_timeout / 4 if hang_timeout else 5.0))
+    if rank == 0:
+        hub = Hub(world_size, grace)
+        host = os.environ.get("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:0").rsplit(":", 1)[0] or "127.0.0.1"
+        store.set(_STORE_KEY, f"{host}:{hub.port}")
+        hub.start()
+        _STATE["hub"] = hub
+    else:
+        store.wait(_STORE_KEY) if hasattr(store, "wait") else None
+    host, port = bytes(store.get(_STORE_KEY)).decode().rsplit(":", 1)
+    dog = Watchdog(rank, world_size, (host, int(port)), tracer, hang_timeout, grace)
+    dog.start()
+    _STATE["watchdog"] = dog
+    _install_exit_hooks(dog)
+    return dog
+
+
+def _install_exit_hooks(dog: Watchdog) -> None:
+    failure: dict[str, str] = {}
+    previous = sys.excepthook
+
+    def excepthook(kind: Any, value: Any, tb: Any) -> None:
+        first_line = str(value).strip().splitlines()[0] if str(value).strip() else ""
+        failure["error"] = f"{kind.__name__}: {first_line}"[:500]
+        previous(kind, value, tb)
+
+    sys.excepthook = excepthook
+    atexit.register(lambda: dog.at_exit(failure.get("error")))
+
+
+def stop() -> None:
+    """Forgets the watchdog (tests); its threads are daemons."""
+    _STATE.clear()

@@ -1,0 +1,115 @@
+"""The watchdog's side channel in one process: a hub and per-rank clients over real
+sockets, each client with its own tracer, process exits captured."""
+
+import socket
+import threading
+import time
+
+import pytest
+
+from paddle_ext.comm.trace import CommTracer
+from paddle_ext.comm.watchdog import EXIT_HANG, EXIT_PEER, Hub, Watchdog
+
+
+class Exits:
+    def __init__(self):
+        self.codes = {}
+        self.done = threading.Event()
+        self.expected = 0
+
+    def for_rank(self, rank):
+        def exit_fn(code):
+            self.codes[rank] = code
+            if len(self.codes) >= self.expected:
+                self.done.set()
+        return exit_fn
+
+
+def start_job(world, hang_timeout=0.3, grace=1.0):
+    hub = Hub(world, grace, settle=0.1)
+    hub.start()
+    exits = Exits()
+    exits.expected = world
+    dogs = []
+    for r in range(world):
+        t = CommTracer()
+        t.groups[0] = tuple(range(world))  # the job's global group, as Paddle's group map gives it
+        dog = Watchdog(r, world, ("127.0.0.1", hub.port), t, hang_timeout, grace, exit_fn=exits.for_rank(r))
+        dog.start()
+        assert dog.connected.wait(5)
+        dogs.append(dog)
+    deadline = time.monotonic() + 5
+    while len(hub.channels) < world and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return hub, dogs, exits
+
+
+def test_a_stuck_rank_ends_every_rank_with_the_report(capfd):
+    hub, dogs, exits = start_job(3)
+    for dog in dogs:
+        for _ in range(3):
+            dog.tracer.end(dog.tracer.begin(0, "all_reduce", [], None, "train.py:10"))
+    dogs[0].tracer.begin(0, "all_reduce", [], None, "train.py:10")  # rank 0 waits; 1, 2 moved on
+    dogs[1].tracer.begin(0, "all_reduce", [], None, "train.py:10")
+    assert exits.done.wait(10), exits.codes
+    assert exits.codes == {0: EXIT_HANG, 1: EXIT_HANG, 2: EXIT_HANG}
+    err = capfd.readouterr().err
+    assert "[rank 2] paddle_ext comm watchdog: rank" in err and "made no progress" in err
+    assert "ranks diverge at sequence number 3: rank 2 never issued it" in err
+
+
+def test_a_lost_connection_names_the_lost_rank(capfd):
+    hub, dogs, exits = start_job(3, hang_timeout=0)
+    dogs[1].ch.sock.shutdown(socket.SHUT_RDWR)  # as the kernel does for a killed process
+    assert exits.done.wait(10), exits.codes
+    assert exits.codes[0] == exits.codes[2] == EXIT_PEER
+    assert "rank 1 lost" in capfd.readouterr().err
+
+
+def test_a_failed_rank_ends_the_others_naming_its_error(capfd):
+    hub, dogs, exits = start_job(2, hang_timeout=0)
+    threading.Thread(target=dogs[1].at_exit, args=("RuntimeError: injected",), daemon=True).start()
+    assert exits.done.wait(10), exits.codes
+    assert exits.codes == {0: EXIT_PEER, 1: EXIT_PEER}
+    err = capfd.readouterr().err
+    assert "rank 1 failed: RuntimeError: injected" in err and "rank 1: failed: RuntimeError: injected" in err
+
+
+def test_ranks_that_finish_alike_leave_without_a_report():
+    hub, dogs, exits = start_job(2, hang_timeout=0)
+    for dog in dogs:
+        dog.tracer.end(dog.tracer.begin(0, "barrier", [], None, "x.py:1"))
+    threads = [threading.Thread(target=dog.at_exit, args=(None,)) for dog in dogs]
+    start = time.monotonic()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert time.monotonic() - start < 3
+    assert all(dog.ok.is_set() for dog in dogs) and not exits.codes
+    hub.join(5)
+    assert not hub.is_alive()
+
+
+def test_ranks_that_finish_with_different_counts_are_reported(capfd):
+    hub, dogs, exits = start_job(2, hang_timeout=0)
+    for n, dog in zip((3, 2), dogs):
+        for _ in range(n):
+            dog.tracer.end(dog.tracer.begin(0, "all_reduce", [], None, "x.py:1"))
+    for dog in dogs:
+        threading.Thread(target=dog.at_exit, args=(None,), daemon=True).start()
+    assert exits.done.wait(10), exits.codes
+    assert set(exits.codes.values()) == {EXIT_HANG}
+    err = capfd.readouterr().err
+    assert "different numbers of operations on group 0: rank 0: 3, rank 1: 2" in err
+
+
+@pytest.mark.parametrize("world", [2])
+def test_hub_loss_is_named_as_rank_0(capfd, world):
+    hub, dogs, exits = start_job(world, hang_timeout=0)
+    exits.expected = 1
+    for ch in list(hub.channels.values()):
+        ch.sock.shutdown(socket.SHUT_RDWR)
+    assert exits.done.wait(10), exits.codes
+    assert EXIT_PEER in exits.codes.values()
+    assert "rank 0 lost (it serves the watchdog's hub)" in capfd.readouterr().err
