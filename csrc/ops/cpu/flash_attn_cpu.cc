@@ -1,8 +1,8 @@
 // CPU backend of FlashAttention-2: tiled attention with an online softmax.
 //
 // Forward: one task per (sequence, query head, block of kBlockQ queries),
-// scheduled dynamically over the threads, heaviest first (causal blocks near
-// the bottom see the most keys). A task streams over blocks of kBlockK keys:
+// scheduled dynamically over the threads, head by head and heaviest first
+// within a head (causal blocks near the bottom see the most keys). A task streams over blocks of kBlockK keys:
 // S = Q K^T on a register-blocked micro-kernel against K^T packed once into
 // panels of 16 keys, masks (causal, partial blocks only: fully masked blocks
 // are never visited), rescales its running max / sum, and accumulates P V
@@ -27,6 +27,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <thread>
 #include <vector>
@@ -36,6 +37,7 @@
 #define PADDLE_EXT_FA_X86 1
 #endif
 
+#include "common/memory.h"
 #include "common/parallel.h"
 #include "flash_attn.h"
 
@@ -151,27 +153,87 @@ const float* as_f32(FloatKind kind, const void* data, int64_t n, std::vector<flo
   return dst;
 }
 
+// Per-call scratch (packed K / V, gradient accumulators, tiles) of n floats,
+// uninitialised: every user writes before it reads. Kept per calling thread
+// between calls, up to kRetainFloats in all, because a fresh block costs a
+// page fault and a kernel-side zeroing per page, which took about a tenth of
+// a causal forward at S = 2048. These costs are linear in S, but causal
+// attention does half the quadratic work, so they weigh twice as much on its
+// speed per FLOP. Larger requests get a fresh block, freed after the call.
+enum Slot { kSlotKt, kSlotKr, kSlotVt, kSlotVr, kSlotAcc, kSlotDq, kSlotPrep, kSlotScratch, kSlots };
+constexpr int64_t kRetainFloats = int64_t{16} << 20;  // 64 MiB per calling thread
+
+class Floats {
+ public:
+  Floats(Slot slot, int64_t n) {
+    struct Cache {
+      std::unique_ptr<float[]> buf[kSlots];
+      int64_t size[kSlots] = {};
+      int64_t total = 0;
+    };
+    thread_local Cache cache;
+    n = std::max<int64_t>(n, 1);
+    if (cache.size[slot] >= n) {
+      ptr_ = cache.buf[slot].get();
+      return;
+    }
+    if (cache.total - cache.size[slot] + n <= kRetainFloats) {
+      cache.total += n - cache.size[slot];
+      cache.buf[slot].reset();  // release the old block first: peak memory stays one block per slot
+      cache.buf[slot].reset(new float[static_cast<size_t>(n)]);
+      cache.size[slot] = n;
+      ptr_ = cache.buf[slot].get();
+    } else {
+      own_.reset(new float[static_cast<size_t>(n)]);
+      ptr_ = own_.get();
+    }
+    advise_huge_pages(ptr_, static_cast<size_t>(n) * sizeof(float));
+  }
+  float* get() const { return ptr_; }
+
+ private:
+  std::unique_ptr<float[]> own_;
+  float* ptr_ = nullptr;
+};
+
 // Packs every (sequence, kv head) of src (float32 token rows of heads_k * D):
-// transposed (K^T panels) or as row panels, zero beyond the sequence / D.
-std::vector<float> pack(const Ctx& ctx, const float* src, bool transposed) {
+// transposed (K^T panels) or as row panels, zero beyond the sequence / D. One
+// pass writing each packed element once, in the order it is laid out.
+Floats pack(const Ctx& ctx, const float* src, bool transposed, Slot slot) {
   const Problem& p = ctx.p;
   const int64_t D = p.head_dim, k_rs = p.heads_k * D;
-  std::vector<float> packed(ctx.pack_offset[p.batch]);
-  float* dst = packed.data();
+  Floats packed(slot, ctx.pack_offset[p.batch]);
+  float* dst = packed.get();
   parallel_for(p.batch * p.heads_k, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t b = t / p.heads_k, kvh = t % p.heads_k;
       const Seq s = seq(p, b);
       const int64_t lk_pad = round_up(s.lk, kPanel), d_pad = round_up(D, kPanel);
       float* base = dst + ctx.pack_base(b, kvh);
-      std::fill(base, base + lk_pad * d_pad, 0.f);
-      for (int64_t j = 0; j < s.lk; ++j) {
-        const float* row = src + (s.k0 + j) * k_rs + kvh * D;
-        if (transposed) {
-          float* panel = base + (j / kPanel) * kPanel * D + j % kPanel;
-          for (int64_t d = 0; d < D; ++d) panel[d * kPanel] = row[d];
-        } else {
-          for (int64_t d = 0; d < D; ++d) base[(d / kPanel) * lk_pad * kPanel + j * kPanel + d % kPanel] = row[d];
+      if (transposed) {  // panel of keys j0 .. j0 + 15: D x 16
+        for (int64_t j0 = 0; j0 < lk_pad; j0 += kPanel) {
+          float* panel = base + j0 * D;
+          for (int64_t jj = 0; jj < kPanel; ++jj) {
+            if (j0 + jj < s.lk) {
+              const float* row = src + (s.k0 + j0 + jj) * k_rs + kvh * D;
+              for (int64_t d = 0; d < D; ++d) panel[d * kPanel + jj] = row[d];
+            } else {
+              for (int64_t d = 0; d < D; ++d) panel[d * kPanel + jj] = 0.f;
+            }
+          }
+        }
+        // columns D .. d_pad of the row panels' layout do not exist here: K^T
+        // panels hold D rows, and the rest of the (b, kvh) slot is unused
+        std::fill(base + lk_pad * D, base + lk_pad * d_pad, 0.f);
+      } else {  // panel n: lk_pad x 16, columns n * 16 .. n * 16 + 15
+        for (int64_t j = 0; j < lk_pad; ++j) {
+          const float* row = j < s.lk ? src + (s.k0 + j) * k_rs + kvh * D : nullptr;
+          for (int64_t n0 = 0; n0 < d_pad; n0 += kPanel) {
+            float* out = base + (n0 / kPanel) * lk_pad * kPanel + j * kPanel;
+            const int64_t w = row != nullptr ? std::min<int64_t>(kPanel, D - n0) : 0;
+            if (w > 0) std::memcpy(out, row + n0, static_cast<size_t>(w) * sizeof(float));
+            std::fill(out + w, out + kPanel, 0.f);
+          }
         }
       }
     }
@@ -222,21 +284,34 @@ struct QueryTask {
   int64_t b, h, i0, work;
 };
 
-// (sequence, query head, query block) tasks, heaviest first (stable).
+// (sequence, query head, query block) tasks: sequences by decreasing work,
+// then head by head, each head's blocks heaviest first. Head-major keeps the
+// threads on one head's K / V at a time (consecutive causal blocks read
+// nearly the same key prefix, so it stays in cache; a heaviest-first order
+// across all heads cycled through every head's K / V between blocks and
+// left causal attention 5-10% slower per FLOP at S = 1024-2048), while the
+// queue still ends on the lightest blocks of the last head, so the threads
+// finish within one small block of each other.
 std::vector<QueryTask> query_tasks(const Problem& p) {
+  std::vector<int64_t> order(p.batch), work(p.batch);
+  for (int64_t b = 0; b < p.batch; ++b) work[b] = seq(p, b).lq * seq(p, b).lk;
+  std::iota(order.begin(), order.end(), 0);
+  std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return work[a] > work[b]; });
   std::vector<QueryTask> tasks;
-  for (int64_t b = 0; b < p.batch; ++b) {
+  for (const int64_t b : order) {
     const Seq s = seq(p, b);
     for (int64_t h = 0; h < p.heads_q; ++h) {
+      const size_t first = tasks.size();
       for (int64_t i0 = 0; i0 < s.lq; i0 += kBlockQ) {
         const int64_t rows = std::min<int64_t>(kBlockQ, s.lq - i0);
         const int64_t keys =
             p.causal ? std::min<int64_t>(s.lk, std::max<int64_t>(0, i0 + rows + s.lk - s.lq)) : s.lk;
         tasks.push_back({b, h, i0, rows * std::max<int64_t>(keys, 1)});
       }
+      std::stable_sort(tasks.begin() + first, tasks.end(),
+                       [](const QueryTask& x, const QueryTask& y) { return x.work > y.work; });
     }
   }
-  std::stable_sort(tasks.begin(), tasks.end(), [](const QueryTask& a, const QueryTask& b) { return a.work > b.work; });
   return tasks;
 }
 
@@ -469,17 +544,17 @@ void forward_cpu(const Problem& p, const void* q, const void* k, const void* v, 
   ctx.q = as_f32(p.kind, q, p.total_q * p.heads_q * p.head_dim, &q32);
   ctx.k = as_f32(p.kind, k, p.total_k * p.heads_k * p.head_dim, &k32);
   ctx.v = as_f32(p.kind, v, p.total_k * p.heads_k * p.head_dim, &v32);
-  const std::vector<float> kt = pack(ctx, ctx.k, true), vr = pack(ctx, ctx.v, false);
-  ctx.kt = kt.data();
-  ctx.vr = vr.data();
+  const Floats kt = pack(ctx, ctx.k, true, kSlotKt), vr = pack(ctx, ctx.v, false, kSlotVr);
+  ctx.kt = kt.get();
+  ctx.vr = vr.get();
   ctx.lse = lse;
   ctx.out = out;
   const std::vector<QueryTask> tasks = query_tasks(p);
   const int64_t workers = workers_for(static_cast<int64_t>(tasks.size()));
   const int64_t per_worker = scratch_floats(p.head_dim);
-  std::vector<float> scratch(workers * per_worker);
+  const Floats scratch(kSlotScratch, workers * per_worker);
   run_tasks(static_cast<int64_t>(tasks.size()), workers, [&](int64_t w, int64_t t) {
-    forward_block(ctx, tasks[t].b, tasks[t].h, tasks[t].i0, scratch.data() + w * per_worker);
+    forward_block(ctx, tasks[t].b, tasks[t].h, tasks[t].i0, scratch.get() + w * per_worker);
   });
 }
 
@@ -489,8 +564,8 @@ void softmax_cpu(const Problem& p, const void* q, const void* k, const float* ls
   std::vector<float> q32, k32;
   ctx.q = as_f32(p.kind, q, p.total_q * p.heads_q * p.head_dim, &q32);
   ctx.k = as_f32(p.kind, k, p.total_k * p.heads_k * p.head_dim, &k32);
-  const std::vector<float> kt = pack(ctx, ctx.k, true);
-  ctx.kt = kt.data();
+  const Floats kt = pack(ctx, ctx.k, true, kSlotKt);
+  ctx.kt = kt.get();
   ctx.lse = const_cast<float*>(lse);
   ctx.softmax = softmax;
   const int64_t elems = p.batch * p.heads_q * p.seqlen_q * p.seqlen_k;
@@ -499,9 +574,9 @@ void softmax_cpu(const Problem& p, const void* q, const void* k, const float* ls
   const std::vector<QueryTask> tasks = query_tasks(p);
   const int64_t workers = workers_for(static_cast<int64_t>(tasks.size()));
   const int64_t per_worker = scratch_floats(p.head_dim);
-  std::vector<float> scratch(workers * per_worker);
+  const Floats scratch(kSlotScratch, workers * per_worker);
   run_tasks(static_cast<int64_t>(tasks.size()), workers, [&](int64_t w, int64_t t) {
-    softmax_block(ctx, tasks[t].b, tasks[t].h, tasks[t].i0, scratch.data() + w * per_worker);
+    softmax_block(ctx, tasks[t].b, tasks[t].h, tasks[t].i0, scratch.get() + w * per_worker);
   });
 }
 
@@ -516,11 +591,11 @@ void backward_cpu(const Problem& p, const void* q, const void* k, const void* v,
   ctx.v = as_f32(p.kind, v, p.total_k * k_rs, &v32);
   ctx.o = as_f32(p.kind, out, p.total_q * p.heads_q * D, &o32);
   ctx.dout = as_f32(p.kind, dout, p.total_q * p.heads_q * D, &do32);
-  const std::vector<float> kt = pack(ctx, ctx.k, true), kr = pack(ctx, ctx.k, false);
-  const std::vector<float> vt = pack(ctx, ctx.v, true);
-  ctx.kt = kt.data();
-  ctx.kr = kr.data();
-  ctx.vt = vt.data();
+  const Floats kt = pack(ctx, ctx.k, true, kSlotKt), kr = pack(ctx, ctx.k, false, kSlotKr);
+  const Floats vt = pack(ctx, ctx.v, true, kSlotVt);
+  ctx.kt = kt.get();
+  ctx.kr = kr.get();
+  ctx.vt = vt.get();
   ctx.lse = const_cast<float*>(lse);
   ctx.dq = dq;
 
@@ -544,24 +619,24 @@ void backward_cpu(const Problem& p, const void* q, const void* k, const void* v,
   const int64_t units = base_units * chunks;
   const int64_t workers = workers_for(units);
   const int64_t per_worker = scratch_floats(D);
-  std::vector<float> scratch(workers * per_worker);
+  const Floats scratch(kSlotScratch, workers * per_worker);
   // chunks == 1: one dK / dV buffer pair per worker, written out by the unit;
   // otherwise one pair per unit, summed below.
   const int64_t acc = max_lk * D;
-  std::vector<float> acc_buf((chunks == 1 ? workers : units) * 2 * acc);
-  std::vector<float> dq_buf(workers * max_lq * D);  // a worker's dQ rows of one query head
+  const Floats acc_buf(kSlotAcc, (chunks == 1 ? workers : units) * 2 * acc);
+  const Floats dq_buf(kSlotDq, workers * max_lq * D);  // a worker's dQ rows of one query head
   // a worker's prepared query blocks (one query head of one unit); generic:: and
   // avx2:: agree on the size
   const int64_t prep_floats = max_blocks * generic::prep_block_floats(D);
-  std::vector<float> prep_buf(workers * prep_floats);
+  const Floats prep_buf(kSlotPrep, workers * prep_floats);
   run_tasks(units, workers, [&](int64_t w, int64_t t) {
     const int64_t b = order[t / (p.heads_k * chunks)];
     const int64_t kvh = (t / chunks) % p.heads_k, chunk = t % chunks;
     const int64_t slot = chunks == 1 ? w : (b * p.heads_k + kvh) * chunks + chunk;
-    float* dk_acc = acc_buf.data() + slot * 2 * acc;
+    float* dk_acc = acc_buf.get() + slot * 2 * acc;
     float* dv_acc = dk_acc + acc;
-    backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, dq_buf.data() + w * max_lq * D,
-                  prep_buf.data() + w * prep_floats, scratch.data() + w * per_worker);
+    backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, dq_buf.get() + w * max_lq * D,
+                  prep_buf.get() + w * prep_floats, scratch.get() + w * per_worker);
     if (chunks == 1) {
       const Seq s = seq(p, b);
       store_rows(p.kind, dk_acc, D, s.lk, D, dk, s.k0 * k_rs + kvh * D, k_rs);
@@ -576,7 +651,7 @@ void backward_cpu(const Problem& p, const void* q, const void* k, const void* v,
         const Seq s = seq(p, b);
         std::fill(sum.begin(), sum.end(), 0.f);
         for (int64_t c = 0; c < chunks; ++c) {
-          const float* part = acc_buf.data() + (u * chunks + c) * 2 * acc;
+          const float* part = acc_buf.get() + (u * chunks + c) * 2 * acc;
           for (int64_t i = 0; i < s.lk * D; ++i) {
             sum[i] += part[i];
             sum[acc + i] += part[acc + i];

@@ -175,7 +175,7 @@ inline bool block_needs_mask(const Ctx& ctx, const Seq& s, int64_t i0, int64_t k
 // Calls fn(r0, nr, keys) for the block's rows: all rows with all bk keys, or,
 // on a diagonal block, groups of kDiagRows rows with the keys their last row
 // sees, so that little of the masked triangle is computed.
-constexpr int64_t kDiagRows = 2 * kMR;
+constexpr int64_t kDiagRows = kMR;
 template <typename Fn>
 inline void row_groups(const Ctx& ctx, const Seq& s, int64_t i0, int64_t rows, int64_t k0, int64_t bk, Fn&& fn) {
   if (!diagonal_block(ctx, s, i0, k0, bk)) {
@@ -236,27 +236,30 @@ inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
   bool first = true;
   for (int64_t k0 = 0; k0 < kv_end; k0 += kBlockK) {
     const int64_t bk = std::min<int64_t>(kBlockK, kv_end - k0);
-    const int64_t width = (bk + kPanel - 1) / kPanel * kPanel;
+    // Row group by row group (one group but on diagonal blocks): scores,
+    // online softmax and P V over the columns the group computed, so the
+    // masked triangle is neither scored nor exponentiated, and the group's
+    // scores are still in L1 when P V reads them.
+    const bool masked = block_needs_mask(ctx, s, i0, k0, bk);
     row_groups(ctx, s, i0, rows, k0, bk, [&](int64_t r0, int64_t nr, int64_t keys) {
-      gemm(nr, panel_width(keys), D, qs + r0 * D, D, 1, kt + k0 * D, kPanel, kPanel * D, S + r0 * kBlockK, kBlockK,
-           kStore);
-    });
-    if (block_needs_mask(ctx, s, i0, k0, bk)) mask_block(ctx, s, i0, rows, k0, bk, width, S);
-    for (int64_t r = 0; r < rows; ++r) {
-      float* row = S + r * kBlockK;
-      const float mnew = std::max(mrow[r], row_max(row, width));
-      const float mref = mnew == ninf ? 0.f : mnew;
-      alpha[r] = std::exp2(mrow[r] - mref);
-      lrow[r] = lrow[r] * alpha[r] + exp2_sub_sum(row, width, mref);
-      mrow[r] = mnew;
-      if (ctx.dropout) {
-        dropout_row(ctx, sub, i0 + r, k0, width, z);
-        mul_rows(row, z, width);
+      const int64_t w = panel_width(keys);
+      float* Sg = S + r0 * kBlockK;
+      gemm(nr, w, D, qs + r0 * D, D, 1, kt + k0 * D, kPanel, kPanel * D, Sg, kBlockK, kStore);
+      if (masked) mask_block(ctx, s, i0 + r0, nr, k0, bk, w, Sg);
+      for (int64_t r = r0; r < r0 + nr; ++r) {
+        float* row = S + r * kBlockK;
+        const float mnew = std::max(mrow[r], row_max(row, w));
+        const float mref = mnew == ninf ? 0.f : mnew;
+        alpha[r] = std::exp2(mrow[r] - mref);
+        lrow[r] = lrow[r] * alpha[r] + exp2_sub_sum(row, w, mref);
+        mrow[r] = mnew;
+        if (ctx.dropout) {
+          dropout_row(ctx, sub, i0 + r, k0, w, z);
+          mul_rows(row, z, w);
+        }
       }
-    }
-    row_groups(ctx, s, i0, rows, k0, bk, [&](int64_t r0, int64_t nr, int64_t keys) {
-      gemm(nr, D, keys, S + r0 * kBlockK, kBlockK, 1, vr + k0 * kPanel, kPanel, vps, O + r0 * D, D,
-           first ? kStore : kScaleAdd, alpha + r0);
+      gemm(nr, D, keys, Sg, kBlockK, 1, vr + k0 * kPanel, kPanel, vps, O + r0 * D, D, first ? kStore : kScaleAdd,
+           alpha + r0);
     });
     first = false;
   }
@@ -391,39 +394,60 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
         const float* dop = qp + kBlockQ * Dp;
         const float* lse2 = dop + kBlockQ * Dp;
         const float* Di = lse2 + kBlockQ;
+        // P and dS row group by row group, over the columns the group computed
+        // (the masked triangle of a diagonal block is left out) and, masked,
+        // the kMR - 1 after them: the dV / dK tiles below read a row up to
+        // that far past the last column it sees.
+        const bool masked = block_needs_mask(ctx, s, i0, k0, bk);
         row_groups(ctx, s, i0, rows, k0, bk, [&](int64_t r0, int64_t nr, int64_t keys) {
-          const int64_t w = panel_width(keys);
-          gemm(nr, w, D, qs + r0 * D, D, 1, kt + k0 * D, kPanel, kPanel * D, S + r0 * kBlockK, kBlockK, kStore);
-          gemm(nr, w, D, dos + r0 * D, D, 1, vt + k0 * D, kPanel, kPanel * D, dP + r0 * kBlockK, kBlockK, kStore);
+          const int64_t wc = panel_width(keys);
+          const int64_t w = masked ? std::min<int64_t>(width, panel_width(keys + kMR - 1)) : wc;
+          gemm(nr, wc, D, qs + r0 * D, D, 1, kt + k0 * D, kPanel, kPanel * D, S + r0 * kBlockK, kBlockK, kStore);
+          gemm(nr, wc, D, dos + r0 * D, D, 1, vt + k0 * D, kPanel, kPanel * D, dP + r0 * kBlockK, kBlockK, kStore);
+          if (masked) mask_block(ctx, s, i0 + r0, nr, k0, bk, w, S + r0 * kBlockK, dP + r0 * kBlockK);
+          for (int64_t r = r0; r < r0 + nr; ++r) {
+            float* prow = S + r * kBlockK;
+            float* drow = dP + r * kBlockK;
+            if (lse2[r] == inf) {
+              std::fill(prow, prow + w, 0.f);
+            } else {
+              exp2_sub_sum(prow, w, lse2[r]);
+            }
+            const VT di = V::set1(Di[r]), sc = V::set1(p.scale);
+            if (ctx.dropout) {
+              dropout_row(ctx, sub, i0 + r, k0, w, z);
+              for (int64_t j = 0; j < w; j += kW) {
+                const VT pv = V::load(prow + j), zv = V::load(z + j);
+                const VT dpz = V::mul(V::load(drow + j), zv);
+                V::store(drow + j, V::mul(V::mul(pv, V::sub(dpz, di)), sc));
+                V::store(prow + j, V::mul(pv, zv));
+              }
+            } else {
+              for (int64_t j = 0; j < w; j += kW) {
+                const VT pv = V::load(prow + j);
+                V::store(drow + j, V::mul(V::mul(pv, V::sub(V::load(drow + j), di)), sc));
+              }
+            }
+          }
         });
-        if (block_needs_mask(ctx, s, i0, k0, bk)) mask_block(ctx, s, i0, rows, k0, bk, width, S, dP);
-        for (int64_t r = 0; r < rows; ++r) {
-          float* prow = S + r * kBlockK;
-          float* drow = dP + r * kBlockK;
-          if (lse2[r] == inf) {
-            std::fill(prow, prow + width, 0.f);
-          } else {
-            exp2_sub_sum(prow, width, lse2[r]);
-          }
-          const VT di = V::set1(Di[r]), sc = V::set1(p.scale);
-          if (ctx.dropout) {
-            dropout_row(ctx, sub, i0 + r, k0, width, z);
-            for (int64_t j = 0; j < width; j += kW) {
-              const VT pv = V::load(prow + j), zv = V::load(z + j);
-              const VT dpz = V::mul(V::load(drow + j), zv);
-              V::store(drow + j, V::mul(V::mul(pv, V::sub(dpz, di)), sc));
-              V::store(prow + j, V::mul(pv, zv));
-            }
-          } else {
-            for (int64_t j = 0; j < width; j += kW) {
-              const VT pv = V::load(prow + j);
-              V::store(drow + j, V::mul(V::mul(pv, V::sub(V::load(drow + j), di)), sc));
-            }
-          }
+        // dV[k0:] += (P z)^T dO ; dK[k0:] += dS^T Q. Key column c is seen by rows
+        // r >= c - last_seen (0 for every column off the diagonal): the
+        // columns all rows see in one product, then, on a diagonal block, tiles
+        // of kMR columns summed only over the rows that see the tile's first
+        // column (rows above see none of the tile; P and dS are zero where a
+        // summed row does not see a tile column).
+        const int64_t last_seen = ctx.p.causal ? i0 + (s.lk - s.lq) - k0 : bk;
+        const int64_t full_cols = std::min<int64_t>(bk, std::max<int64_t>(0, last_seen + 1));
+        gemm(full_cols, D, rows, S, 1, kBlockK, dop, kPanel, qps, dv_acc + k0 * D, D, kAdd);
+        gemm(full_cols, D, rows, dP, 1, kBlockK, qp, kPanel, qps, dk_acc + k0 * D, D, kAdd);
+        for (int64_t c = full_cols; c < bk; c += kMR) {
+          const int64_t nc = std::min<int64_t>(kMR, bk - c), r_first = c - last_seen;
+          gemm(nc, D, rows - r_first, S + r_first * kBlockK + c, 1, kBlockK, dop + r_first * kPanel, kPanel, qps,
+               dv_acc + (k0 + c) * D, D, kAdd);
+          gemm(nc, D, rows - r_first, dP + r_first * kBlockK + c, 1, kBlockK, qp + r_first * kPanel, kPanel, qps,
+               dk_acc + (k0 + c) * D, D, kAdd);
         }
-        // dV[k0:] += (P z)^T dO ; dK[k0:] += dS^T Q ; dQ += dS K[k0:]
-        gemm(bk, D, rows, S, 1, kBlockK, dop, kPanel, qps, dv_acc + k0 * D, D, kAdd);
-        gemm(bk, D, rows, dP, 1, kBlockK, qp, kPanel, qps, dk_acc + k0 * D, D, kAdd);
+        // dQ += dS K[k0:]
         row_groups(ctx, s, i0, rows, k0, bk, [&](int64_t r0, int64_t nr, int64_t keys) {
           gemm(nr, D, keys, dP + r0 * kBlockK, kBlockK, 1, kr + k0 * kPanel, kPanel, kps, dq_acc + (i0 + r0) * D, D,
                kAdd);
