@@ -211,16 +211,16 @@ Floats pack(const Ctx& ctx, const float* src, bool transposed, Slot slot) {
       const int64_t lk_pad = round_up(s.lk, kPanel), d_pad = round_up(D, kPanel);
       float* base = dst + ctx.pack_base(b, kvh);
       if (transposed) {  // panel of keys j0 .. j0 + 15: D x 16
+        // Written in order, reading the panel's 16 key rows side by side
+        // (16 cache lines, each used for 16 consecutive d).
+        const std::vector<float> zeros(static_cast<size_t>(D), 0.f);
         for (int64_t j0 = 0; j0 < lk_pad; j0 += kPanel) {
-          float* panel = base + j0 * D;
-          for (int64_t jj = 0; jj < kPanel; ++jj) {
-            if (j0 + jj < s.lk) {
-              const float* row = src + (s.k0 + j0 + jj) * k_rs + kvh * D;
-              for (int64_t d = 0; d < D; ++d) panel[d * kPanel + jj] = row[d];
-            } else {
-              for (int64_t d = 0; d < D; ++d) panel[d * kPanel + jj] = 0.f;
-            }
-          }
+          const float* rows[kPanel];
+          for (int64_t jj = 0; jj < kPanel; ++jj)
+            rows[jj] = j0 + jj < s.lk ? src + (s.k0 + j0 + jj) * k_rs + kvh * D : zeros.data();
+          float* out = base + j0 * D;
+          for (int64_t d = 0; d < D; ++d, out += kPanel)
+            for (int64_t jj = 0; jj < kPanel; ++jj) out[jj] = rows[jj][d];
         }
         // columns D .. d_pad of the row panels' layout do not exist here: K^T
         // panels hold D rows, and the rest of the (b, kvh) slot is unused
@@ -231,8 +231,9 @@ Floats pack(const Ctx& ctx, const float* src, bool transposed, Slot slot) {
           for (int64_t n0 = 0; n0 < d_pad; n0 += kPanel) {
             float* out = base + (n0 / kPanel) * lk_pad * kPanel + j * kPanel;
             const int64_t w = row != nullptr ? std::min<int64_t>(kPanel, D - n0) : 0;
-            if (w > 0) std::memcpy(out, row + n0, static_cast<size_t>(w) * sizeof(float));
-            std::fill(out + w, out + kPanel, 0.f);
+            // 16 floats at most: a plain loop, not a memcpy call per chunk
+            for (int64_t c = 0; c < w; ++c) out[c] = row[n0 + c];
+            for (int64_t c = w; c < kPanel; ++c) out[c] = 0.f;
           }
         }
       }
