@@ -201,6 +201,14 @@ class Hub(threading.Thread):
 
     # --- the loop ----------------------------------------------------------------
     def run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            for key in list(self.sel.get_map().values()):
+                key.fileobj.close()
+            self.sel.close()
+
+    def _loop(self) -> None:
         while True:
             for key, _ in self.sel.select(timeout=0.1):
                 if key.fileobj is self.server:
@@ -334,6 +342,16 @@ class Watchdog(threading.Thread):
                       f"{wait:.0f} s; leaving", file=sys.stderr, flush=True)
         self.leaving = True
         self.ch.send({"t": "bye"})
+        # No thread of ours may still run while the interpreter finalises: close the
+        # connection (the thread sees it end and returns) and wait for both threads.
+        try:
+            self.ch.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.join(2)
+        hub = _STATE.get("hub")
+        if hub is not None:
+            hub.join(2)
 
 
 _STATE: dict[str, Any] = {}

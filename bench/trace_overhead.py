@@ -1,0 +1,132 @@
+"""Communication tracing overhead on a pipeline step (gloo, CPU): traced / untraced.
+
+pp=2 ranks on gloo, one thread each, examples/tiny_gpt.py as a PipelineLayer, the
+same micro-batches in every step. Steps alternate between tracing on and off (in
+the order on, off, off, on, ... so a drift of the machine's load hits both alike),
+every step after a barrier. Printed:
+
+  measured   median step time traced / untraced (the issue's target: <= 1.03)
+  estimate   (operations per step x the tracer's cost per operation) / step time,
+             the cost per operation timed here on the tracer alone (begin + end over
+             the step's real tensors); noise-free, unlike the measured ratio
+
+    python bench/trace_overhead.py [--steps 20] [--hidden 256] [--microbatches 8] [--vpp 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+PP = 2
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--steps", type=int, default=20, help="steps per mode")
+    p.add_argument("--vpp", type=int, default=2)
+    p.add_argument("--microbatches", type=int, default=8)
+    p.add_argument("--micro-batch-size", type=int, default=4)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--vocab", type=int, default=1024)
+    p.add_argument("--mode", choices=["launch", "rank"], default="launch")
+    p.add_argument("--out", default="")
+    return p.parse_args(argv)
+
+
+def rank(a) -> None:
+    import paddle
+    import paddle.distributed as dist
+    import paddle.distributed.fleet as fleet
+
+    import paddle_ext
+    from examples.tiny_gpt import batch, pipeline_model
+    from paddle_ext.comm import trace
+
+    paddle_ext.enable()
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": PP}
+    strategy.pipeline_configs = {"accumulate_steps": a.microbatches, "micro_batch_size": a.micro_batch_size}
+    fleet.init(is_collective=True, strategy=strategy)
+    model = fleet.distributed_model(pipeline_model(a.vocab, a.hidden, a.seq, blocks=PP * a.vpp, pp=PP,
+                                                   vpp=a.vpp))
+    opt = paddle.optimizer.SGD(1e-3, parameters=model.parameters())
+    tracer = trace.tracer()
+    ids, labels = batch(0, a.microbatches * a.micro_batch_size, a.seq, a.vocab)
+    times: dict[bool, list[float]] = {True: [], False: []}
+    ops_per_step = 0
+    order = [True, False, False, True] * ((a.steps + 1) // 2)
+    for step, traced in enumerate([True, False] + order[: 2 * a.steps]):
+        tracer.enabled = traced
+        before = sum(tracer.counts.values())
+        dist.barrier()
+        start = time.perf_counter()
+        model.train_batch([ids, labels], opt)
+        elapsed = time.perf_counter() - start
+        if traced:
+            ops_per_step = sum(tracer.counts.values()) - before
+        if step >= 2:  # the first of each mode warms up
+            times[traced].append(elapsed)
+    tracer.enabled = True
+    # The tracer's own cost per operation, on tensors of this step's sizes.
+    sample = [paddle.empty([a.micro_batch_size, a.seq, a.hidden])]
+    probe = trace.CommTracer()
+    n = 20000
+    start = time.perf_counter()
+    for _ in range(n):
+        probe.end(probe.begin(7, "send", sample, 1, "SA0.0>1"))
+    per_op = (time.perf_counter() - start) / n
+    result = {"rank": dist.get_rank(), "on": statistics.median(times[True]), "off": statistics.median(times[False]),
+              "ops": ops_per_step, "per_op": per_op}
+    gathered: list = []
+    dist.all_gather_object(gathered, result)
+    if dist.get_rank() == 0:
+        with open(a.out, "w") as fh:
+            json.dump(gathered, fh)
+
+
+def report(a, results) -> None:
+    print(f"trace_overhead: pp={PP} vpp={a.vpp} M={a.microbatches} hidden={a.hidden} seq={a.seq} "
+          f"micro_batch={a.micro_batch_size}, gloo, 1 thread per rank, {a.steps} steps per mode")
+    print(f"{'rank':>4}{'untraced step':>16}{'traced step':>14}{'measured ratio':>16}{'ops/step':>10}"
+          f"{'tracer cost/op':>16}{'estimate':>10}")
+    for r in results:
+        estimate = 1 + r["ops"] * r["per_op"] / r["off"]
+        print(f"{r['rank']:>4}{r['off'] * 1e3:13.1f} ms{r['on'] * 1e3:11.1f} ms{r['on'] / r['off']:16.3f}"
+              f"{r['ops']:>10}{r['per_op'] * 1e6:13.1f} us{estimate:10.4f}")
+    worst = max(r["on"] / r["off"] for r in results)
+    print(f"traced / untraced step time (worst rank): {worst:.3f} (target <= 1.03; the measured ratio "
+          "carries the machine's noise, the estimate does not)")
+
+
+def launch(a) -> None:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PADDLE_EXT_NUM_THREADS": "1"}
+    tmp = tempfile.mkdtemp(prefix="trace_overhead_bench_")
+    out = os.path.join(tmp, "results.json")
+    args = [f"--steps={a.steps}", f"--vpp={a.vpp}", f"--microbatches={a.microbatches}",
+            f"--micro-batch-size={a.micro_batch_size}", f"--hidden={a.hidden}", f"--seq={a.seq}",
+            f"--vocab={a.vocab}"]
+    subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(PP),
+                    "--log_dir", os.path.join(tmp, "logs"), os.path.abspath(__file__), "--mode=rank",
+                    f"--out={out}", *args], env=env, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL, timeout=900)
+    with open(out) as fh:
+        report(a, json.load(fh))
+
+
+def main(argv=None) -> None:
+    a = parse_args(argv)
+    (rank if a.mode == "rank" else launch)(a)
+
+
+if __name__ == "__main__":
+    main()
