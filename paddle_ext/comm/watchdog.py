@@ -390,8 +390,8 @@ def _install_exit_hooks(dog: Watchdog) -> None:
     previous = sys.excepthook
 
     def excepthook(kind: Any, value: Any, tb: Any) -> None:
-        first_line = str(value).strip().splitlines()[0] if str(value).strip() else ""
-        failure["error"] = f"{kind.__name__}: {first_line}"[:500]
+        one_line = " ".join(str(value).split())  # Paddle's errors span lines
+        failure["error"] = f"{kind.__name__}: {one_line}"[:400]
         previous(kind, value, tb)
 
     sys.excepthook = excepthook
