@@ -27,13 +27,13 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from bench._launch import MODEL_ARGS, add_model_args, launch_ranks, passed_on  # noqa: E402
+
 PP = 2
 MODES = ("plain", "overlap", "overlap+async")
 RATIO = 0.7
@@ -41,18 +41,11 @@ RATIO = 0.7
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--vpp", type=int, default=2)
-    p.add_argument("--microbatches", type=int, default=8)
-    p.add_argument("--micro-batch-size", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=256)
+    add_model_args(p, vpp=2, microbatches=8, micro_batch_size=4, hidden=256, seq=128, vocab=1024, steps=5)
     p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--vocab", type=int, default=1024)
-    p.add_argument("--steps", type=int, default=5)
     p.add_argument("--gpus", default="", help="e.g. 0,1: run the ranks on these GPUs (NCCL) "
                    "instead of CPU processes on gloo")
     p.add_argument("--mode", choices=["launch", "rank"], default="launch")
-    p.add_argument("--out", default="")
     return p.parse_args(argv)
 
 
@@ -144,17 +137,8 @@ def report(a, results) -> None:
 
 
 def launch(a) -> None:
-    env = dict(os.environ) if a.gpus else {**os.environ, "OMP_NUM_THREADS": "1", "PADDLE_EXT_NUM_THREADS": "1"}
-    devices = ["--gpus", a.gpus] if a.gpus else ["--nproc_per_node", str(PP)]
-    tmp = tempfile.mkdtemp(prefix="fb_overlap_bench_")
-    out = os.path.join(tmp, "results.json")
-    args = [f"--vpp={a.vpp}", f"--microbatches={a.microbatches}", f"--micro-batch-size={a.micro_batch_size}",
-            f"--hidden={a.hidden}", f"--heads={a.heads}", f"--seq={a.seq}", f"--vocab={a.vocab}",
-            f"--steps={a.steps}"]
-    subprocess.run([sys.executable, "-m", "paddle.distributed.launch", *devices,
-                    "--log_dir", os.path.join(tmp, "logs"), os.path.abspath(__file__), "--mode=rank",
-                    f"--out={out}", *args], env=env, check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, timeout=900)
+    out = launch_ranks(__file__, passed_on(a, (*MODEL_ARGS, "heads")), "results.json", nproc=PP, devices=a.gpus,
+                       prefix="fb_overlap_bench_")
     with open(out) as fh:
         report(a, json.load(fh))
 

@@ -23,25 +23,19 @@ import os
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from bench._launch import CPU_ENV, MODEL_ARGS, add_model_args, launch_ranks, passed_on  # noqa: E402
+
 PP = 2
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser()
-    p.add_argument("--vpp", type=int, default=1)
-    p.add_argument("--microbatches", type=int, default=8)
-    p.add_argument("--micro-batch-size", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=512)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--vocab", type=int, default=1024)
-    p.add_argument("--steps", type=int, default=5)
+    add_model_args(p, vpp=1, microbatches=8, micro_batch_size=4, hidden=512, seq=128, vocab=1024, steps=5)
     p.add_argument("--mode", choices=["launch", "single", "rank"], default="launch")
-    p.add_argument("--out", default="")
     return p.parse_args(argv)
 
 
@@ -113,17 +107,12 @@ def rank(a) -> None:
 
 
 def launch(a) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PADDLE_EXT_NUM_THREADS": "1"}
-    tmp = tempfile.mkdtemp(prefix="pipeline_bench_")
-    common = [f"--vpp={a.vpp}", f"--microbatches={a.microbatches}", f"--micro-batch-size={a.micro_batch_size}",
-              f"--hidden={a.hidden}", f"--seq={a.seq}", f"--vocab={a.vocab}", f"--steps={a.steps}"]
-    me = os.path.abspath(__file__)
-    single_out, pipe_out = os.path.join(tmp, "single.json"), os.path.join(tmp, "pipe.json")
-    subprocess.run([sys.executable, me, "--mode=single", f"--out={single_out}", *common], env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
-    subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(PP),
-                    "--log_dir", os.path.join(tmp, "logs"), me, "--mode=rank", f"--out={pipe_out}", *common],
-                   env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=600)
+    common = passed_on(a, MODEL_ARGS)
+    pipe_out = launch_ranks(__file__, common, "pipe.json", nproc=PP, prefix="pipeline_bench_", timeout=600)
+    single_out = os.path.join(os.path.dirname(pipe_out), "single.json")
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--mode=single", f"--out={single_out}", *common],
+                   env={**os.environ, **CPU_ENV}, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                   timeout=600)
     with open(single_out) as f:
         t_single = json.load(f)["step"]
     with open(pipe_out) as f:

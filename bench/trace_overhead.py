@@ -11,6 +11,7 @@ every step after a barrier. Printed:
              the step's real tensors); noise-free, unlike the measured ratio
 
     python bench/trace_overhead.py [--steps 20] [--hidden 256] [--microbatches 8] [--vpp 2]
+(--steps: steps per mode)
 """
 
 from __future__ import annotations
@@ -19,27 +20,20 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
-import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from bench._launch import MODEL_ARGS, add_model_args, launch_ranks, passed_on  # noqa: E402
+
 PP = 2
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=20, help="steps per mode")
-    p.add_argument("--vpp", type=int, default=2)
-    p.add_argument("--microbatches", type=int, default=8)
-    p.add_argument("--micro-batch-size", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--vocab", type=int, default=1024)
+    add_model_args(p, vpp=2, microbatches=8, micro_batch_size=4, hidden=256, seq=128, vocab=1024, steps=20)
     p.add_argument("--mode", choices=["launch", "rank"], default="launch")
-    p.add_argument("--out", default="")
     return p.parse_args(argv)
 
 
@@ -109,16 +103,7 @@ def report(a, results) -> None:
 
 
 def launch(a) -> None:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PADDLE_EXT_NUM_THREADS": "1"}
-    tmp = tempfile.mkdtemp(prefix="trace_overhead_bench_")
-    out = os.path.join(tmp, "results.json")
-    args = [f"--steps={a.steps}", f"--vpp={a.vpp}", f"--microbatches={a.microbatches}",
-            f"--micro-batch-size={a.micro_batch_size}", f"--hidden={a.hidden}", f"--seq={a.seq}",
-            f"--vocab={a.vocab}"]
-    subprocess.run([sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(PP),
-                    "--log_dir", os.path.join(tmp, "logs"), os.path.abspath(__file__), "--mode=rank",
-                    f"--out={out}", *args], env=env, check=True, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, timeout=900)
+    out = launch_ranks(__file__, passed_on(a, MODEL_ARGS), "results.json", nproc=PP, prefix="trace_overhead_bench_")
     with open(out) as fh:
         report(a, json.load(fh))
 

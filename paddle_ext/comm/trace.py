@@ -193,12 +193,19 @@ def call(pg: Any, op: str, *args: Any, tensors: Sequence[Any] = (), peer: Option
     t = _TRACER
     if not t.enabled:
         return getattr(pg, op)(*args)
+    return _recorded(t, pg, op, tensors, peer, what, getattr(pg, op), args, {})
+
+
+def _recorded(t: CommTracer, pg: Any, op: str, tensors: Sequence[Any], peer: Optional[int], what: str,
+              fn: Callable[..., Any], args: Sequence[Any], kwargs: dict) -> Any:
+    """fn(*args, **kwargs) recorded as one operation of pg's group; while it runs, the
+    class-level wrappers below pass through (one record per operation)."""
     info = t.group_of(pg)
-    global_peer = info.ranks[peer] if peer is not None and peer < len(info.ranks) else peer
+    global_peer = info.ranks[peer] if peer is not None and 0 <= peer < len(info.ranks) else peer
     rec = t.begin(info.gid, op.removesuffix("_on_calc_stream"), tensors, global_peer, what)
     _local.active = True
     try:
-        out = getattr(pg, op)(*args)
+        out = fn(*args, **kwargs)
     except BaseException as err:
         t.end(rec, err)
         raise
@@ -221,21 +228,8 @@ def traced_method(name: str, original: Callable[..., Any]) -> Callable[..., Any]
         t = _TRACER
         if not t.enabled or getattr(_local, "active", False):
             return original(self, *args, **kwargs)
-        info = t.group_of(self)
-        peer = None
-        if p2p and len(args) > 1 and isinstance(args[1], int):
-            peer = info.ranks[args[1]] if args[1] < len(info.ranks) else args[1]
-        rec = t.begin(info.gid, op, _tensors_in(args), peer, _caller())
-        _local.active = True
-        try:
-            out = original(self, *args, **kwargs)
-        except BaseException as err:
-            t.end(rec, err)
-            raise
-        finally:
-            _local.active = False
-        t.end(rec)
-        return out
+        peer = args[1] if p2p and len(args) > 1 and isinstance(args[1], int) else None
+        return _recorded(t, self, op, _tensors_in(args), peer, _caller(), original, (self, *args), kwargs)
 
     method.__wrapped__ = original  # type: ignore[attr-defined]
     method.__paddle_ext_traced__ = True  # type: ignore[attr-defined]
