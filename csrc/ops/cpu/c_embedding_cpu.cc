@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "c_embedding.h"
+#include "common/float_io.h"
 #include "common/memory.h"
 #include "common/parallel.h"
 
@@ -13,34 +14,6 @@ namespace paddle_ext::c_embedding {
 namespace {
 
 constexpr int64_t kRowsPerTask = 64;
-
-float load(FloatKind kind, const void* base, int64_t i) {
-  switch (kind) {
-    case FloatKind::kFloat32:
-      return static_cast<const float*>(base)[i];
-    case FloatKind::kFloat16:
-      return fp16_to_float(static_cast<const uint16_t*>(base)[i]);
-    case FloatKind::kBFloat16:
-      return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-  }
-  return 0.f;
-}
-
-void store(FloatKind kind, void* base, int64_t i, float v) {
-  switch (kind) {
-    case FloatKind::kFloat32:
-      static_cast<float*>(base)[i] = v;
-      return;
-    case FloatKind::kFloat16:
-      static_cast<uint16_t*>(base)[i] = float_to_fp16(v);
-      return;
-    case FloatKind::kBFloat16:
-      static_cast<uint16_t*>(base)[i] = float_to_bf16(v);
-      return;
-  }
-}
-
-int64_t element_bytes(FloatKind kind) { return kind == FloatKind::kFloat32 ? 4 : 2; }
 
 }  // namespace
 
@@ -116,10 +89,10 @@ void backward_cpu(FloatKind kind, const void* out_grad, const IdT* ids, int64_t 
             const float* src_row = static_cast<const float*>(out_grad) + base;
             for (int64_t j = 0; j < width; ++j) acc[j] += src_row[j];
           } else {
-            for (int64_t j = 0; j < width; ++j) acc[j] += load(kind, out_grad, base + j);
+            for (int64_t j = 0; j < width; ++j) acc[j] += load_float(kind, out_grad, base + j);
           }
         }
-        for (int64_t j = 0; j < width; ++j) store(kind, table_grad, row * width + j, acc[j]);
+        for (int64_t j = 0; j < width; ++j) store_float(kind, table_grad, row * width + j, acc[j]);
       }
       it = group_end;
     }
