@@ -309,8 +309,10 @@ def main() -> None:
             gemm = max(gemm, torch_gemm)
         print(f"\n== threads={threads}: float32 GEMM {gemm_n}^3 {gemm_text} GFLOP/s (ceiling used: {gemm:.0f})")
         for backward in modes:
-            for causal in (False, True):
-                for s in seqs:
+            # causal right after non-causal at each S: their GFLOP/s ratio is
+            # the figure most hurt by load drifting on a shared machine
+            for s in seqs:
+                for causal in (False, True):
                     cfg = dict(b=1, s=s, h=h, d=d, causal=causal, backward=backward)
                     impls = {"ext": Paddle("ext", **cfg)}
                     if s <= args.paddle_max_seq:
