@@ -110,6 +110,34 @@ inline void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, 
   }
 }
 
+// gemm() over row tiles of kMR rows where tile t takes only the columns
+// below n_end[t] (a multiple of 16; null: N) and the inner indices below
+// k_end[t] (null: K):
+// a causal diagonal block's ragged shape. Panels outside, tiles inside, as in
+// gemm(), so each B panel comes into L1 once for all tiles (per-tile gemm()
+// calls fetched every panel again per tile, from L2).
+inline void gemm_tiles(int64_t M, int64_t N, int64_t K, const int64_t* n_end, const int64_t* k_end, const float* a,
+                       int64_t a_rs, int64_t a_cs, const float* b, int64_t b_rs, int64_t b_ps, float* c, int64_t c_rs,
+                       int mode, const float* alpha = nullptr) {
+  for (int64_t n = 0; n < N; n += kPanel) {
+    const bool full = n + kPanel <= N;
+    const float* bn = b_ps ? b + (n / kPanel) * b_ps : b + n;
+    for (int64_t m = 0, t = 0; m < M; m += kMR, ++t) {
+      if (n_end != nullptr && n >= n_end[t]) continue;
+      const int64_t kk = k_end != nullptr ? k_end[t] : K;
+      const int rows = static_cast<int>(std::min<int64_t>(kMR, M - m));
+      const float* am = a + m * a_rs;
+      float* cm = c + m * c_rs + n;
+      const float* al = alpha ? alpha + m : nullptr;
+      if (full) {
+        micro_rows<2>(rows, kk, am, a_rs, a_cs, bn, b_rs, cm, c_rs, mode, al);
+      } else {
+        micro_rows<1>(rows, kk, am, a_rs, a_cs, bn, b_rs, cm, c_rs, mode, al);
+      }
+    }
+  }
+}
+
 // n is a multiple of 8.
 inline float row_max(const float* s, int64_t n) {
   VT mx = V::set1(-std::numeric_limits<float>::infinity());
@@ -172,22 +200,6 @@ inline bool block_needs_mask(const Ctx& ctx, const Seq& s, int64_t i0, int64_t k
   return bk % kPanel != 0 || diagonal_block(ctx, s, i0, k0, bk);  // zero-padded panel columns, or causal
 }
 
-// Calls fn(r0, nr, keys) for the block's rows: all rows with all bk keys, or,
-// on a diagonal block, groups of kDiagRows rows with the keys their last row
-// sees, so that little of the masked triangle is computed.
-constexpr int64_t kDiagRows = kMR;
-template <typename Fn>
-inline void row_groups(const Ctx& ctx, const Seq& s, int64_t i0, int64_t rows, int64_t k0, int64_t bk, Fn&& fn) {
-  if (!diagonal_block(ctx, s, i0, k0, bk)) {
-    fn(int64_t{0}, rows, bk);
-    return;
-  }
-  for (int64_t r0 = 0; r0 < rows; r0 += kDiagRows) {
-    const int64_t nr = std::min<int64_t>(kDiagRows, rows - r0);
-    fn(r0, nr, visible_cols(ctx, s, i0 + r0 + nr - 1, k0, bk));
-  }
-}
-
 inline int64_t panel_width(int64_t n) { return (n + kPanel - 1) / kPanel * kPanel; }
 
 // Packs rows x D of src (row stride src_rs, optionally scaled) as panels of
@@ -236,16 +248,20 @@ inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
   bool first = true;
   for (int64_t k0 = 0; k0 < kv_end; k0 += kBlockK) {
     const int64_t bk = std::min<int64_t>(kBlockK, kv_end - k0);
-    // Row group by row group (one group but on diagonal blocks): scores,
-    // online softmax and P V over the columns the group computed, so the
-    // masked triangle is neither scored nor exponentiated, and the group's
-    // scores are still in L1 when P V reads them.
+    // Row tile t (kMR rows) scores only the keys its last row sees (all bk
+    // off the diagonal), exponentiates those, and sums only them in P V: the
+    // masked triangle of a diagonal block is neither scored nor exponentiated.
     const bool masked = block_needs_mask(ctx, s, i0, k0, bk);
-    row_groups(ctx, s, i0, rows, k0, bk, [&](int64_t r0, int64_t nr, int64_t keys) {
-      const int64_t w = panel_width(keys);
-      float* Sg = S + r0 * kBlockK;
-      gemm(nr, w, D, qs + r0 * D, D, 1, kt + k0 * D, kPanel, kPanel * D, Sg, kBlockK, kStore);
-      if (masked) mask_block(ctx, s, i0 + r0, nr, k0, bk, w, Sg);
+    int64_t keys[kBlockQ / kMR], wt[kBlockQ / kMR];
+    const int64_t tiles = (rows + kMR - 1) / kMR;
+    for (int64_t t = 0; t < tiles; ++t) {
+      keys[t] = masked ? visible_cols(ctx, s, i0 + std::min<int64_t>(rows, (t + 1) * kMR) - 1, k0, bk) : bk;
+      wt[t] = panel_width(keys[t]);
+    }
+    gemm_tiles(rows, panel_width(bk), D, wt, nullptr, qs, D, 1, kt + k0 * D, kPanel, kPanel * D, S, kBlockK, kStore);
+    for (int64_t t = 0; t < tiles; ++t) {
+      const int64_t r0 = t * kMR, nr = std::min<int64_t>(kMR, rows - r0), w = wt[t];
+      if (masked) mask_block(ctx, s, i0 + r0, nr, k0, bk, w, S + r0 * kBlockK);
       for (int64_t r = r0; r < r0 + nr; ++r) {
         float* row = S + r * kBlockK;
         const float mnew = std::max(mrow[r], row_max(row, w));
@@ -258,9 +274,9 @@ inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
           mul_rows(row, z, w);
         }
       }
-      gemm(nr, D, keys, Sg, kBlockK, 1, vr + k0 * kPanel, kPanel, vps, O + r0 * D, D, first ? kStore : kScaleAdd,
-           alpha + r0);
-    });
+    }
+    gemm_tiles(rows, D, 0, nullptr, keys, S, kBlockK, 1, vr + k0 * kPanel, kPanel, vps, O, D,
+               first ? kStore : kScaleAdd, alpha);
     first = false;
   }
   for (int64_t r = 0; r < rows; ++r) {
@@ -394,16 +410,22 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
         const float* dop = qp + kBlockQ * Dp;
         const float* lse2 = dop + kBlockQ * Dp;
         const float* Di = lse2 + kBlockQ;
-        // P and dS row group by row group, over the columns the group computed
-        // (the masked triangle of a diagonal block is left out) and, masked,
-        // the kMR - 1 after them: the dV / dK tiles below read a row up to
-        // that far past the last column it sees.
+        // P and dS tile by tile (kMR rows), over the columns the tile's last
+        // row sees (the masked triangle of a diagonal block is left out) and,
+        // masked, the kMR - 1 after them: the dV / dK tiles below read a row
+        // up to that far past the last column it sees.
         const bool masked = block_needs_mask(ctx, s, i0, k0, bk);
-        row_groups(ctx, s, i0, rows, k0, bk, [&](int64_t r0, int64_t nr, int64_t keys) {
-          const int64_t wc = panel_width(keys);
-          const int64_t w = masked ? std::min<int64_t>(width, panel_width(keys + kMR - 1)) : wc;
-          gemm(nr, wc, D, qs + r0 * D, D, 1, kt + k0 * D, kPanel, kPanel * D, S + r0 * kBlockK, kBlockK, kStore);
-          gemm(nr, wc, D, dos + r0 * D, D, 1, vt + k0 * D, kPanel, kPanel * D, dP + r0 * kBlockK, kBlockK, kStore);
+        int64_t keys[kBlockQ / kMR], wc[kBlockQ / kMR];
+        const int64_t tiles = (rows + kMR - 1) / kMR;
+        for (int64_t t = 0; t < tiles; ++t) {
+          keys[t] = masked ? visible_cols(ctx, s, i0 + std::min<int64_t>(rows, (t + 1) * kMR) - 1, k0, bk) : bk;
+          wc[t] = panel_width(keys[t]);
+        }
+        gemm_tiles(rows, width, D, wc, nullptr, qs, D, 1, kt + k0 * D, kPanel, kPanel * D, S, kBlockK, kStore);
+        gemm_tiles(rows, width, D, wc, nullptr, dos, D, 1, vt + k0 * D, kPanel, kPanel * D, dP, kBlockK, kStore);
+        for (int64_t t = 0; t < tiles; ++t) {
+          const int64_t r0 = t * kMR, nr = std::min<int64_t>(kMR, rows - r0);
+          const int64_t w = masked ? std::min<int64_t>(width, panel_width(keys[t] + kMR - 1)) : wc[t];
           if (masked) mask_block(ctx, s, i0 + r0, nr, k0, bk, w, S + r0 * kBlockK, dP + r0 * kBlockK);
           for (int64_t r = r0; r < r0 + nr; ++r) {
             float* prow = S + r * kBlockK;
@@ -429,7 +451,7 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
               }
             }
           }
-        });
+        }
         // dV[k0:] += (P z)^T dO ; dK[k0:] += dS^T Q. Key column c is seen by rows
         // r >= c - last_seen (0 for every column off the diagonal): the
         // columns all rows see in one product, then, on a diagonal block, tiles
@@ -448,10 +470,7 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
                dk_acc + (k0 + c) * D, D, kAdd);
         }
         // dQ += dS K[k0:]
-        row_groups(ctx, s, i0, rows, k0, bk, [&](int64_t r0, int64_t nr, int64_t keys) {
-          gemm(nr, D, keys, dP + r0 * kBlockK, kBlockK, 1, kr + k0 * kPanel, kPanel, kps, dq_acc + (i0 + r0) * D, D,
-               kAdd);
-        });
+        gemm_tiles(rows, D, 0, nullptr, keys, dP, kBlockK, 1, kr + k0 * kPanel, kPanel, kps, dq_acc + i0 * D, D, kAdd);
       }
     }
     for (int64_t blk = chunk; blk < nblocks; blk += chunks) {
