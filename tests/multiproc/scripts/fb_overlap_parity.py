@@ -26,12 +26,13 @@ Usage: fb_overlap_parity.py PP VPP:M[,VPP:M...] MODE[,MODE...]
 import sys
 import warnings
 
-import numpy as np
 import paddle
 import paddle.distributed as dist
 import paddle.distributed.fleet as fleet
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
+from _parity import GradRecorder, assert_equal, stage_params  # noqa: E402
+
 import paddle_ext  # noqa: E402
 from examples.overlap_gpt import Reference, TiedEmbedding, overlap_model  # noqa: E402
 from examples.tiny_gpt import batch  # noqa: E402
@@ -41,40 +42,6 @@ from paddle_ext.pipeline.schedule import FB, overlap_pairs, simulate  # noqa: E4
 
 VOCAB, HIDDEN, SEQ, MBS, STEPS = 32, 16, 8, 2, 2
 NLP_CONFIG = "forward_backward_overlap_scheduler enable_overlap_p2p_comm"
-
-
-class GradRecorder:
-    """Wraps an optimizer: keeps a copy of every grad just before step()."""
-
-    def __init__(self, inner, params):
-        self.inner, self.params, self.grads = inner, params, None
-
-    def step(self):
-        self.grads = {k: (None if p.grad is None else p.grad.numpy().copy()) for k, p in self.params.items()}
-        self.inner.step()
-
-    def clear_grad(self, *args, **kwargs):
-        self.inner.clear_grad(*args, **kwargs)
-
-
-def rank_params(model, stage):
-    """(layer_id, is_head, param name) -> Parameter for the layers this rank holds."""
-    out = {}
-    for layer in model.sublayers():
-        if hasattr(layer, "layer_id"):
-            head = isinstance(layer, TiedEmbedding) and stage != 0
-            for name, p in layer.named_parameters():
-                out[(layer.layer_id, head, name)] = p
-    return out
-
-
-def equal(what, got, want):
-    if got is None and want is None:
-        return
-    assert got is not None and want is not None, f"{what}: one side has no value"
-    if not np.array_equal(got, want):
-        diff = np.max(np.abs(got.astype(np.float64) - want)) if got.shape == want.shape else "shape"
-        raise AssertionError(f"{what}: differs (max abs diff {diff})")
 
 
 def reference_run(keys, blocks, m, delay, use_scaler):
@@ -120,7 +87,7 @@ def pipeline_run(hcg, vpp, m, mode, delay, use_scaler, via_fleet):
     pp, stage = hcg.get_pipe_parallel_world_size(), hcg.get_stage_id()
     paddle.seed(0)
     model = overlap_model(VOCAB, HIDDEN, SEQ, blocks=pp * vpp, pp=pp, vpp=vpp, overlapped=mode != "nomethod")
-    mine = rank_params(model, stage)
+    mine = stage_params(model, stage, TiedEmbedding)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         if via_fleet:
@@ -147,11 +114,11 @@ def pipeline_run(hcg, vpp, m, mode, delay, use_scaler, via_fleet):
 def compare(tag, a, b):
     (steps_a, params_a), (steps_b, params_b) = a, b
     for step, ((loss_a, grads_a), (loss_b, grads_b)) in enumerate(zip(steps_a, steps_b)):
-        equal(f"{tag} step {step} loss", loss_a, loss_b)
+        assert_equal(f"{tag} step {step} loss", loss_a, loss_b, "differs")
         for key in grads_b:
-            equal(f"{tag} step {step} grad of {key}", grads_a[key], grads_b[key])
+            assert_equal(f"{tag} step {step} grad of {key}", grads_a[key], grads_b[key], "differs")
     for key in params_b:
-        equal(f"{tag} param {key} after {STEPS} steps", params_a[key], params_b[key])
+        assert_equal(f"{tag} param {key} after {STEPS} steps", params_a[key], params_b[key], "differs")
 
 
 def check_async_trace(engine, stage, say):

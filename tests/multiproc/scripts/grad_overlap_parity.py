@@ -50,6 +50,8 @@ import paddle.distributed as dist
 import paddle.distributed.fleet as fleet
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
+from _parity import ref_param, stage_params  # noqa: E402
+
 import examples.overlap_gpt as overlap_gpt  # noqa: E402
 import examples.tiny_gpt as tiny_gpt  # noqa: E402
 import paddle_ext  # noqa: E402
@@ -70,24 +72,6 @@ REF_BOUND = 1e-6
 MODEL = {"build": tiny_gpt.pipeline_model, "reference": tiny_gpt.Reference, "embedding": tiny_gpt.Embedding}
 
 
-def layer_params(model, stage):
-    out = {}
-    for layer in model.sublayers():
-        if hasattr(layer, "layer_id"):
-            head = isinstance(layer, MODEL["embedding"]) and stage != 0
-            for name, p in layer.named_parameters():
-                out[(layer.layer_id, head, name)] = p
-    return out
-
-
-def ref_param(ref, key):
-    layer_id, head, name = key
-    obj = ref.layer(layer_id, head)
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    return obj
-
-
 def run_engine(hcg, vpp, m, delay, overlap, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh):
     paddle.seed(0)
     model = MODEL["build"](VOCAB, hidden, SEQ, blocks=PP * vpp, pp=PP, vpp=vpp)
@@ -103,7 +87,7 @@ def run_engine(hcg, vpp, m, delay, overlap, bucket_kb, hidden, use_scaler, fb, p
         ids, labels = batch(step, dp * sh * m * MBS, SEQ, VOCAB)
         rows = slice(shard * m * MBS, (shard + 1) * m * MBS)
         losses.append(engine.train_batch([ids[rows], labels[rows]], opt, scaler=scaler).numpy())
-    params = {k: p.numpy().copy() for k, p in layer_params(model, hcg.get_stage_id()).items()}
+    params = {k: p.numpy().copy() for k, p in stage_params(model, hcg.get_stage_id(), MODEL["embedding"]).items()}
     return engine, params, losses
 
 

@@ -14,11 +14,12 @@ the pipeline side, a plain one on the reference side)
 
 import sys
 
-import numpy as np
 import paddle
 import paddle.distributed.fleet as fleet
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
+from _parity import GradRecorder, assert_equal, ref_param, stage_params  # noqa: E402
+
 import paddle_ext  # noqa: E402
 from examples.tiny_gpt import Embedding, Reference, batch, pipeline_model  # noqa: E402
 from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings  # noqa: E402
@@ -27,48 +28,13 @@ from paddle_ext.pipeline.schedule import simulate  # noqa: E402
 VOCAB, HIDDEN, SEQ, MBS, STEPS = 32, 16, 8, 2, 3
 
 
-class GradRecorder:
-    """Wraps an optimizer: keeps a copy of every grad just before step()."""
-
-    def __init__(self, inner, params):
-        self.inner, self.params, self.grads = inner, params, None
-
-    def step(self):
-        self.grads = {k: (None if p.grad is None else p.grad.numpy().copy()) for k, p in self.params.items()}
-        self.inner.step()
-
-    def clear_grad(self, *args, **kwargs):
-        self.inner.clear_grad(*args, **kwargs)
-
-
-def pipeline_params(model, stage):
-    """(layer_id, is_head, param name) -> Parameter for the layers this rank holds."""
-    out = {}
-    for layer in model.sublayers():
-        if hasattr(layer, "layer_id"):
-            head = isinstance(layer, Embedding) and stage != 0
-            for name, p in layer.named_parameters():
-                out[(layer.layer_id, head, name)] = p
-    return out
-
-
-def check(what, got, want):
-    if got is None and want is None:
-        return
-    assert got is not None and want is not None, f"{what}: one side has no value"
-    if not np.array_equal(got, want):
-        diff = np.max(np.abs(got.astype(np.float64) - want)) if got.shape == want.shape else "shape"
-        raise AssertionError(f"{what}: pipeline differs from the single-process run (max abs diff {diff})")
-
-
 def run_pair(hcg, vpp, m, delay, via_fleet, use_scaler=False):
     pp, stage = hcg.get_pipe_parallel_world_size(), hcg.get_stage_id()
     paddle.seed(0)
     model = pipeline_model(VOCAB, HIDDEN, SEQ, blocks=pp * vpp, pp=pp, vpp=vpp)
     ref = Reference(VOCAB, HIDDEN, SEQ, blocks=pp * vpp)
-    mine = pipeline_params(model, stage)
-    ref_params = {key: getattr(ref.layer(key[0], key[1]), key[2].split(".")[0]).__getattr__(key[2].split(".")[1])
-                  for key in mine}
+    mine = stage_params(model, stage, Embedding)
+    ref_params = {key: ref_param(ref, key) for key in mine}
     if via_fleet:
         engine = fleet.distributed_model(model)
         assert isinstance(engine, PipelineEngine), type(engine)
@@ -100,11 +66,11 @@ def run_pair(hcg, vpp, m, delay, via_fleet, use_scaler=False):
                 if p.grad is not None:
                     p.grad.set_value(p.grad.scale(1.0 / m))
         tag = f"pp={pp} vpp={vpp} M={m} step {step}"
-        check(f"{tag} loss", loss.numpy(), ref_loss.numpy())
+        assert_equal(f"{tag} loss", loss.numpy(), ref_loss.numpy())
         if use_scaler:
             ref_scaler.unscale_(ref_opt)  # the pipeline side's grads were unscaled inside scaler.step
         for key, p in ref_params.items():
-            check(f"{tag} grad of {key}", recorder.grads[key], None if p.grad is None else p.grad.numpy())
+            assert_equal(f"{tag} grad of {key}", recorder.grads[key], None if p.grad is None else p.grad.numpy())
         if use_scaler:
             ref_scaler.step(ref_opt)
             ref_scaler.update()
@@ -112,7 +78,7 @@ def run_pair(hcg, vpp, m, delay, via_fleet, use_scaler=False):
             ref_opt.step()
         ref_opt.clear_grad()
     for key, p in ref_params.items():
-        check(f"pp={pp} vpp={vpp} M={m} param {key} after {STEPS} steps", mine[key].numpy(), p.numpy())
+        assert_equal(f"pp={pp} vpp={vpp} M={m} param {key} after {STEPS} steps", mine[key].numpy(), p.numpy())
     ids, labels = batch(STEPS, m * MBS, SEQ, VOCAB)
     eval_loss = engine.eval_batch([ids, labels], compute_loss=True)
     with paddle.no_grad():
@@ -122,7 +88,7 @@ def run_pair(hcg, vpp, m, delay, via_fleet, use_scaler=False):
             ref_eval += part / m if m > 1 and not delay else part
         if delay:
             ref_eval = ref_eval / m
-    check(f"pp={pp} vpp={vpp} M={m} eval_batch loss", eval_loss.numpy(), ref_eval.numpy())
+    assert_equal(f"pp={pp} vpp={vpp} M={m} eval_batch loss", eval_loss.numpy(), ref_eval.numpy())
     predicted = simulate(engine.schedule(m)).peak_in_flight[stage]
     assert engine.last_step.peak_in_flight <= predicted, (engine.last_step.peak_in_flight, predicted)
     print(f"rank {stage}: pp={pp} vpp={vpp} M={m} delay_scale_loss={delay} scaler={use_scaler}: bitwise equal "

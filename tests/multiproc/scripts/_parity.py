@@ -1,0 +1,50 @@
+"""What the parity rank scripts share: a grad-recording optimizer wrapper, the
+mapping from a rank's parameters to the single-process reference's, and a bitwise
+comparison that names what differed."""
+
+import numpy as np
+
+
+class GradRecorder:
+    """Wraps an optimizer: keeps a copy of every grad just before step()."""
+
+    def __init__(self, inner, params):
+        self.inner, self.params, self.grads = inner, params, None
+
+    def step(self):
+        self.grads = {k: (None if p.grad is None else p.grad.numpy().copy()) for k, p in self.params.items()}
+        self.inner.step()
+
+    def clear_grad(self, *args, **kwargs):
+        self.inner.clear_grad(*args, **kwargs)
+
+
+def stage_params(model, stage, embedding_cls):
+    """(layer_id, is_head, param name) -> Parameter for the layers this rank holds; the
+    embedding on a later stage is the tied lm head."""
+    out = {}
+    for layer in model.sublayers():
+        if hasattr(layer, "layer_id"):
+            head = isinstance(layer, embedding_cls) and stage != 0
+            for name, p in layer.named_parameters():
+                out[(layer.layer_id, head, name)] = p
+    return out
+
+
+def ref_param(ref, key):
+    """The reference model's parameter for a stage_params key."""
+    layer_id, head, name = key
+    obj = ref.layer(layer_id, head)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def assert_equal(what, got, want, differs="pipeline differs from the single-process run"):
+    """Bit-for-bit equality of two arrays (or both None)."""
+    if got is None and want is None:
+        return
+    assert got is not None and want is not None, f"{what}: one side has no value"
+    if not np.array_equal(got, want):
+        diff = np.max(np.abs(got.astype(np.float64) - want)) if got.shape == want.shape else "shape"
+        raise AssertionError(f"{what}: {differs} (max abs diff {diff})")
