@@ -62,6 +62,7 @@ def train(args) -> None:
 
     import paddle_ext
     from examples.tiny_gpt import pattern_batch, pipeline_model
+    from paddle_ext.comm import trace
     from paddle_ext.pipeline.schedule import render, simulate
     from paddle_ext.pipeline.timeline import measured_costs, measured_result
 
@@ -78,10 +79,13 @@ def train(args) -> None:
     say(f"{type(model).__name__}: pp={PP} vpp={VPP} accumulate_steps={ACCUMULATE} "
         f"micro_batch_size={MICRO_BATCH}, tied embedding, gloo on CPU")
     for step in range(args.steps):
+        if step == args.steps - 1:
+            trace.tracer().clear()  # the chrome trace below: the last step's communication
         ids, labels = pattern_batch(step, ACCUMULATE * MICRO_BATCH, SEQ, VOCAB)
         loss = model.train_batch([ids, labels], optimizer)
         say(f"step {step}: loss {float(loss):.4f} ({model.last_step.seconds * 1e3:.0f} ms)")
 
+    model.export_chrome_trace(os.path.join(args.out, f"trace_rank{rank}.json"))
     gathered: list = []
     dist.all_gather_object(gathered, model.last_step.spans, group=model.pp_group)
     if rank != 0:
@@ -95,6 +99,9 @@ def train(args) -> None:
     path = render.plot_timeline(measured, os.path.join(args.out, "timeline.png"),
                                 title=f"measured: pp={PP} vpp={VPP} M={ACCUMULATE}, last step")
     say(f"timeline of the measured step: {path}")
+    chrome = trace.merge_chrome_traces([os.path.join(args.out, f"trace_rank{r}.json") for r in range(PP)],
+                                       os.path.join(args.out, "trace.json"))
+    say(f"its compute and communication, every rank, for chrome://tracing or Perfetto: {chrome}")
 
 
 def main(argv=None) -> int:
