@@ -49,3 +49,18 @@ def launch_ranks(script: str, args: Sequence[str], out_name: str, nproc: int = 2
                     os.path.join(tmp, "logs"), os.path.abspath(script), "--mode=rank", f"--out={out}", *args],
                    env=env, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout)
     return out
+
+
+def init_pipeline(a: argparse.Namespace, pp: int, dp: int = 1):
+    """In a rank: paddle_ext on, fleet initialised for pp x dp with the bench's micro-batching;
+    returns fleet's HybridCommunicateGroup."""
+    import paddle.distributed.fleet as fleet
+
+    import paddle_ext
+
+    paddle_ext.enable()  # before fleet.init: the CPU/gloo fixes cover its set-up
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": dp, "mp_degree": 1, "pp_degree": pp}
+    strategy.pipeline_configs = {"accumulate_steps": a.microbatches, "micro_batch_size": a.micro_batch_size}
+    fleet.init(is_collective=True, strategy=strategy)
+    return fleet.get_hybrid_communicate_group()

@@ -32,7 +32,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from bench._launch import MODEL_ARGS, add_model_args, launch_ranks, passed_on  # noqa: E402
+from bench._launch import MODEL_ARGS, add_model_args, init_pipeline, launch_ranks, passed_on  # noqa: E402
 
 PP = 2
 MODES = ("plain", "overlap", "overlap+async")
@@ -52,19 +52,12 @@ def parse_args(argv=None):
 def rank(a) -> None:
     import paddle
     import paddle.distributed as dist
-    import paddle.distributed.fleet as fleet
 
-    import paddle_ext
     from examples.overlap_gpt import overlap_model
     from examples.tiny_gpt import pattern_batch
     from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings
 
-    paddle_ext.enable()
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": PP}
-    strategy.pipeline_configs = {"accumulate_steps": a.microbatches, "micro_batch_size": a.micro_batch_size}
-    fleet.init(is_collective=True, strategy=strategy)
-    hcg = fleet.get_hybrid_communicate_group()
+    hcg = init_pipeline(a, PP)
     results = {}
     for mode in MODES:
         paddle.seed(0)

@@ -40,6 +40,8 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+from bench._launch import init_pipeline  # noqa: E402
+
 PP, DP = 2, 2
 
 
@@ -65,17 +67,11 @@ def rank(a) -> None:
     import paddle.distributed as dist
     import paddle.distributed.fleet as fleet
 
-    import paddle_ext
     from examples.tiny_gpt import pattern_batch, pipeline_model
     from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings
     from paddle_ext.pipeline.grad_sync import GradSyncSettings
 
-    paddle_ext.enable()
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": DP, "mp_degree": 1, "pp_degree": PP}
-    strategy.pipeline_configs = {"accumulate_steps": a.microbatches, "micro_batch_size": a.micro_batch_size}
-    fleet.init(is_collective=True, strategy=strategy)
-    hcg = fleet.get_hybrid_communicate_group()
+    hcg = init_pipeline(a, PP, DP)
     engines = {}
     for overlap in (False, True):
         paddle.seed(0)

@@ -27,7 +27,14 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from bench._launch import CPU_ENV, MODEL_ARGS, add_model_args, launch_ranks, passed_on  # noqa: E402
+from bench._launch import (  # noqa: E402
+    CPU_ENV,
+    MODEL_ARGS,
+    add_model_args,
+    init_pipeline,
+    launch_ranks,
+    passed_on,
+)
 
 PP = 2
 
@@ -69,16 +76,11 @@ def rank(a) -> None:
     import paddle.distributed as dist
     import paddle.distributed.fleet as fleet
 
-    import paddle_ext
     from examples.tiny_gpt import pattern_batch, pipeline_model
     from paddle_ext.pipeline.schedule import simulate
     from paddle_ext.pipeline.timeline import measured_costs
 
-    paddle_ext.enable()
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": PP}
-    strategy.pipeline_configs = {"accumulate_steps": a.microbatches, "micro_batch_size": a.micro_batch_size}
-    fleet.init(is_collective=True, strategy=strategy)
+    init_pipeline(a, PP)
     model = fleet.distributed_model(pipeline_model(*model_args(a), pp=PP, vpp=a.vpp))
     opt = paddle.optimizer.AdamW(1e-3, parameters=model.parameters())
     times, spans, outside = [], [], []

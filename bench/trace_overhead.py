@@ -26,7 +26,7 @@ import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
-from bench._launch import MODEL_ARGS, add_model_args, launch_ranks, passed_on  # noqa: E402
+from bench._launch import MODEL_ARGS, add_model_args, init_pipeline, launch_ranks, passed_on  # noqa: E402
 
 PP = 2
 
@@ -43,15 +43,10 @@ def rank(a) -> None:
     import paddle.distributed as dist
     import paddle.distributed.fleet as fleet
 
-    import paddle_ext
     from examples.tiny_gpt import batch, pipeline_model
     from paddle_ext.comm import trace
 
-    paddle_ext.enable()
-    strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": PP}
-    strategy.pipeline_configs = {"accumulate_steps": a.microbatches, "micro_batch_size": a.micro_batch_size}
-    fleet.init(is_collective=True, strategy=strategy)
+    init_pipeline(a, PP)
     model = fleet.distributed_model(pipeline_model(a.vocab, a.hidden, a.seq, blocks=PP * a.vpp, pp=PP,
                                                    vpp=a.vpp))
     opt = paddle.optimizer.SGD(1e-3, parameters=model.parameters())
