@@ -38,7 +38,8 @@ DEFAULT_RING = 4096
 class CommRecord:
     """One operation on one group, as this rank issued it."""
 
-    __slots__ = ("seq", "group", "op", "shapes", "dtype", "peer", "what", "start", "end", "thread", "error")
+    __slots__ = ("seq", "group", "op", "shapes", "dtype", "peer", "what", "start", "end", "thread", "error",
+                 "on_device")
 
     def __init__(self, seq: int, group: int, op: str, shapes: tuple, dtype: str, peer: Optional[int],
                  what: str, start: float, thread: str) -> None:
@@ -46,6 +47,7 @@ class CommRecord:
         self.shapes, self.dtype, self.peer, self.what = shapes, dtype, peer, what
         self.start, self.end, self.thread = start, None, thread
         self.error: Optional[str] = None
+        self.on_device = False  # the host call returned; the device has not finished it yet
 
     @property
     def done(self) -> bool:
@@ -62,14 +64,15 @@ class CommRecord:
     def from_dict(cls, d: dict) -> CommRecord:
         rec = cls(d["seq"], d["group"], d["op"], tuple(tuple(s) for s in d["shapes"]), d["dtype"],
                   d["peer"], d["what"], d["start"], d["thread"])
-        rec.end, rec.error = d["end"], d["error"]
+        rec.end, rec.error, rec.on_device = d["end"], d["error"], d.get("on_device", False)
         return rec
 
     def describe(self) -> str:
         shapes = ", ".join("x".join(map(str, s)) or "scalar" for s in self.shapes)
         peer = f" {'to' if self.op.startswith('send') else 'from'} rank {self.peer}" if self.peer is not None else ""
         data = f" [{self.dtype} {shapes}]" if self.shapes else ""
-        return f"{self.op} #{self.seq}{peer}{data} ({self.what})"
+        device = ", enqueued, not finished on the device" if self.on_device else ""
+        return f"{self.op} #{self.seq}{peer}{data} ({self.what}{device})"
 
     def __repr__(self) -> str:
         return f"CommRecord(group {self.group}, {self.describe()}, {'done' if self.done else 'in flight'})"
@@ -92,6 +95,11 @@ class CommTracer:
         self.clock = clock
         self.records: collections.deque[CommRecord] = collections.deque(maxlen=ring)
         self.in_flight: dict[int, CommRecord] = {}
+        # Device backends (NCCL, ...) return from the call once the op is enqueued: with
+        # watch_device (the watchdog sets it), the op's task stays here until the device
+        # finished it, and counts as in flight meanwhile.
+        self.watch_device = False
+        self.device_pending: dict[int, tuple[CommRecord, Any]] = {}
         self.counts: dict[int, int] = {}
         self.groups: dict[int, tuple[int, ...]] = {}  # gid -> global ranks
         self._by_pg: dict[int, _GroupInfo] = {}
@@ -148,8 +156,28 @@ class CommTracer:
         self.records.append(rec)
         return rec
 
+    def watch(self, rec: CommRecord, task: Any) -> None:
+        """Keeps a device op's task until the device finished it (poll_device)."""
+        rec.on_device = True
+        self.device_pending[id(rec)] = (rec, task)
+
+    def poll_device(self) -> None:
+        """Drops the device ops that finished (task.is_completed(), a CUDA event query)."""
+        for key, (rec, task) in list(self.device_pending.items()):
+            try:
+                finished = task.is_completed()
+            except Exception:  # noqa: BLE001 - a task that cannot say: stop watching it
+                finished = True
+            if finished:
+                rec.on_device = False
+                self.device_pending.pop(key, None)
+
+    def _flying(self) -> list[CommRecord]:
+        return list(self.in_flight.values()) + [rec for rec, _ in list(self.device_pending.values())]
+
     def oldest_in_flight(self) -> Optional[CommRecord]:
-        flying = list(self.in_flight.values())
+        self.poll_device()
+        flying = self._flying()
         return min(flying, key=lambda r: r.start) if flying else None
 
     def snapshot(self, last: int = 256) -> dict:
@@ -159,7 +187,7 @@ class CommTracer:
         return {"groups": {str(g): list(r) for g, r in self.groups.items()},
                 "counts": {str(g): n for g, n in self.counts.items()},
                 "records": [r.to_dict() for r in records],
-                "in_flight": [r.to_dict() for r in list(self.in_flight.values())]}
+                "in_flight": [r.to_dict() for r in self._flying()]}
 
     def clear(self) -> None:
         self.records.clear()
@@ -212,6 +240,8 @@ def _recorded(t: CommTracer, pg: Any, op: str, tensors: Sequence[Any], peer: Opt
     finally:
         _local.active = False
     t.end(rec)
+    if t.watch_device and "Gloo" not in type(pg).__name__ and hasattr(out, "is_completed"):
+        t.watch(rec, out)  # gloo's ops are done when the call returns
     return out
 
 

@@ -378,6 +378,7 @@ def start(store: Any, rank: int, world_size: int, tracer: CommTracer, hang_timeo
     else:
         store.wait(_STORE_KEY) if hasattr(store, "wait") else None
     host, port = bytes(store.get(_STORE_KEY)).decode().rsplit(":", 1)
+    tracer.watch_device = bool(hang_timeout)  # NCCL ops in flight on the device count too
     dog = Watchdog(rank, world_size, (host, int(port)), tracer, hang_timeout, grace)
     dog.start()
     _STATE["watchdog"] = dog

@@ -150,3 +150,22 @@ def test_configure_resizes_the_ring_keeping_the_newest(fresh_tracer):
         assert [r.what for r in fresh_tracer.records] == ["5", "6", "7"]
     finally:
         debug.configure(None)
+
+
+def test_device_ops_stay_in_flight_until_their_task_completes(fresh_tracer):
+    class Task:  # the is_completed() of a NCCL task (a CUDA event query); no GPU here
+        done = False
+
+        def is_completed(self):
+            return self.done
+
+    task = Task()
+    rec = fresh_tracer.begin(2, "all_reduce", [paddle.ones([8])], None, "grad bucket c0b0")
+    fresh_tracer.end(rec)  # the host call returned: enqueued
+    fresh_tracer.watch(rec, task)
+    assert fresh_tracer.oldest_in_flight() is rec
+    assert "enqueued, not finished on the device" in rec.describe()
+    assert [d["on_device"] for d in fresh_tracer.snapshot()["in_flight"]] == [True]
+    task.done = True
+    assert fresh_tracer.oldest_in_flight() is None and not fresh_tracer.device_pending
+    assert not rec.on_device

@@ -25,6 +25,27 @@ class Exits:
         return exit_fn
 
 
+_JOBS = []
+
+
+@pytest.fixture(autouse=True)
+def stop_jobs():
+    """Ends every hub and watchdog a test started, so none prints into a later test."""
+    yield
+    while _JOBS:
+        hub, dogs = _JOBS.pop()
+        for dog in dogs:
+            dog.leaving = dog.ended = True
+            if dog.ch is not None:
+                try:
+                    dog.ch.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+            dog.join(2)
+        hub.closing, hub.closing_since = True, 0.0
+        hub.join(2)
+
+
 def start_job(world, hang_timeout=0.3, grace=1.0):
     hub = Hub(world, grace, settle=0.1)
     hub.start()
@@ -38,6 +59,7 @@ def start_job(world, hang_timeout=0.3, grace=1.0):
         dog.start()
         assert dog.connected.wait(5)
         dogs.append(dog)
+    _JOBS.append((hub, dogs))
     deadline = time.monotonic() + 5
     while len(hub.channels) < world and time.monotonic() < deadline:
         time.sleep(0.01)
