@@ -312,6 +312,13 @@ def group_map() -> dict:
     return dict(getattr(collective, "_group_map", {}))
 
 
+def current_host() -> str:
+    """This rank's host as the launcher gave it (PADDLE_CURRENT_ENDPOINT), else loopback."""
+    import os
+
+    return os.getenv("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:0").rsplit(":", 1)[0] or "127.0.0.1"
+
+
 def job_store() -> Any:
     """The job's TCPStore once init_parallel_env made it, else None."""
     from paddle.distributed import collective

@@ -95,7 +95,9 @@ def _group_store(job_store: Any, group_id: int, rank: int, size: int) -> Any:
     key = f"paddle_ext/gloo_group_store/{group_id}"
     timeout = int(os.getenv("FLAGS_stop_check_timeout", "900"))
     if rank == 0:
-        host = os.getenv("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:0").rsplit(":", 1)[0] or "127.0.0.1"
+        from paddle_ext import compat
+
+        host = compat.current_host()
         with socket.socket() as probe:
             probe.bind((host, 0))
             port = probe.getsockname()[1]

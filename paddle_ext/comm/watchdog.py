@@ -36,10 +36,11 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from paddle_ext import compat
 from paddle_ext.comm import report
 from paddle_ext.comm.trace import CommRecord, CommTracer
 
-__all__ = ["EXIT_HANG", "EXIT_PEER", "Hub", "Watchdog", "running", "start", "stop"]
+__all__ = ["EXIT_HANG", "EXIT_PEER", "Hub", "Watchdog", "running", "start"]
 
 EXIT_HANG = 3   # a hang or a divergence
 EXIT_PEER = 4   # another rank was lost or failed
@@ -371,12 +372,11 @@ def start(store: Any, rank: int, world_size: int, tracer: CommTracer, hang_timeo
     grace = grace if grace is not None else min(10.0, max(2.0, hang_timeout / 4 if hang_timeout else 5.0))
     if rank == 0:
         hub = Hub(world_size, grace)
-        host = os.environ.get("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:0").rsplit(":", 1)[0] or "127.0.0.1"
-        store.set(_STORE_KEY, f"{host}:{hub.port}")
+        store.set(_STORE_KEY, f"{compat.current_host()}:{hub.port}")
         hub.start()
         _STATE["hub"] = hub
-    else:
-        store.wait(_STORE_KEY) if hasattr(store, "wait") else None
+    elif hasattr(store, "wait"):
+        store.wait(_STORE_KEY)
     host, port = bytes(store.get(_STORE_KEY)).decode().rsplit(":", 1)
     tracer.watch_device = bool(hang_timeout)  # NCCL ops in flight on the device count too
     dog = Watchdog(rank, world_size, (host, int(port)), tracer, hang_timeout, grace)
@@ -397,8 +397,3 @@ def _install_exit_hooks(dog: Watchdog) -> None:
 
     sys.excepthook = excepthook
     atexit.register(lambda: dog.at_exit(failure.get("error")))
-
-
-def stop() -> None:
-    """Forgets the watchdog (tests); its threads are daemons."""
-    _STATE.clear()
