@@ -12,12 +12,10 @@
 # this leg fails if any appears rather than skip it.
 # Usage, from the repository root: ci/xpu-compile.sh   (outputs in build/ci/xpu/)
 set -euo pipefail
-
-started=$SECONDS
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
-out=build/ci/xpu
-rm -rf "$out"
-mkdir -p "$out/obj" "$out/fake"
+source ci/lib/compile_leg.sh
+leg_begin xpu-compile build/ci/xpu
+mkdir -p "$out/fake"
 CXX=${CXX:-g++}
 echo "== xpu-compile: $("$CXX" --version | head -n 1)"
 
@@ -27,16 +25,13 @@ if [ "${#device_code[@]}" -gt 0 ]; then
   exit 1
 fi
 
-mapfile -t sources < <(grep -rlE --include='*.cc' --include='*.cpp' \
-  '^[[:space:]]*#[[:space:]]*include[[:space:]]*[<"]([^">]*/)?(xpu/runtime_decls\.h|xpu_runtime\.h)[">]' csrc |
-  LC_ALL=C sort)
+mapfile -t sources < <(sources_including 'xpu/runtime_decls\.h|xpu_runtime\.h')
 if [ "${#sources[@]}" -eq 0 ]; then
   echo "xpu-compile: no XPU source under csrc/" >&2
   exit 1
 fi
 
 common=(-std=c++17 -O2 -fPIC -Wall -Wextra -Icsrc/include -Icsrc/runtime -Icsrc/ops)
-obj() { local rel=${1#csrc/}; echo "$out/obj/${rel//\//__}.o"; }
 
 for src in "${sources[@]}"; do
   echo "g++         $src"
@@ -53,4 +48,4 @@ env -u PADDLE_EXT_XPURT "$out/xpu_probe"
 echo "run         PADDLE_EXT_XPURT=$out/fake/libxpurt.so $out/xpu_probe"
 PADDLE_EXT_XPURT="$out/fake/libxpurt.so" "$out/xpu_probe"
 
-echo "== xpu-compile: ok, ${#sources[@]} XPU sources compiled, probe ran twice, $((SECONDS - started)) s"
+leg_end "${#sources[@]} XPU sources compiled, probe ran twice"

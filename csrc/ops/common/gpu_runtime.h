@@ -18,77 +18,54 @@
 
 namespace paddle_ext::gpu {
 
+// PE_GPU(Name): the runtime's spelling of Name (hipName or cudaName). The two
+// APIs name nearly everything alike; the few exceptions are spelled out here.
 #if defined(PADDLE_EXT_GPU_HIP)
-using Stream = hipStream_t;
-using Error = hipError_t;
-inline constexpr Error kSuccess = hipSuccess;
+#define PE_GPU(name) hip##name
+using DeviceProp = hipDeviceProp_t;
+inline constexpr auto kAttrMemoryPoolsSupported = hipDeviceAttributeMemoryPoolsSupported;
 inline constexpr const char* kPlatform = "hip";
-
-inline const char* error_name(Error e) { return hipGetErrorName(e); }
-inline const char* error_string(Error e) { return hipGetErrorString(e); }
-inline Error get_last_error() { return hipGetLastError(); }
-inline Error device_count(int* n) { return hipGetDeviceCount(n); }
-inline Error get_device(int* device) { return hipGetDevice(device); }
-inline Error set_device(int device) { return hipSetDevice(device); }
-inline Error device_name(int device, std::string* name) {
-  hipDeviceProp_t prop;
-  const Error e = hipGetDeviceProperties(&prop, device);
-  if (e == kSuccess) name->assign(prop.name);
-  return e;
-}
-inline Error memory_pools_supported(int device, int* value) {
-  return hipDeviceGetAttribute(value, hipDeviceAttributeMemoryPoolsSupported, device);
-}
-inline Error malloc_device(void** ptr, size_t bytes) { return hipMalloc(ptr, bytes); }
-inline Error free_device(void* ptr) { return hipFree(ptr); }
-inline Error malloc_async(void** ptr, size_t bytes, Stream s) { return hipMallocAsync(ptr, bytes, s); }
-inline Error free_async(void* ptr, Stream s) { return hipFreeAsync(ptr, s); }
-inline Error memset_async(void* ptr, int value, size_t bytes, Stream s) {
-  return hipMemsetAsync(ptr, value, bytes, s);
-}
-inline Error memcpy_to_host_async(void* dst, const void* src, size_t bytes, Stream s) {
-  return hipMemcpyAsync(dst, src, bytes, hipMemcpyDeviceToHost, s);
-}
-inline Error memcpy_to_device_async(void* dst, const void* src, size_t bytes, Stream s) {
-  return hipMemcpyAsync(dst, src, bytes, hipMemcpyHostToDevice, s);
-}
-inline Error stream_synchronize(Stream s) { return hipStreamSynchronize(s); }
 #else
-using Stream = cudaStream_t;
-using Error = cudaError_t;
-inline constexpr Error kSuccess = cudaSuccess;
+#define PE_GPU(name) cuda##name
+using DeviceProp = cudaDeviceProp;
+inline constexpr auto kAttrMemoryPoolsSupported = cudaDevAttrMemoryPoolsSupported;
 inline constexpr const char* kPlatform = "cuda";
+#endif
 
-inline const char* error_name(Error e) { return cudaGetErrorName(e); }
-inline const char* error_string(Error e) { return cudaGetErrorString(e); }
-inline Error get_last_error() { return cudaGetLastError(); }
-inline Error device_count(int* n) { return cudaGetDeviceCount(n); }
-inline Error get_device(int* device) { return cudaGetDevice(device); }
-inline Error set_device(int device) { return cudaSetDevice(device); }
+using Stream = PE_GPU(Stream_t);
+using Error = PE_GPU(Error_t);
+inline constexpr Error kSuccess = PE_GPU(Success);
+
+inline const char* error_name(Error e) { return PE_GPU(GetErrorName)(e); }
+inline const char* error_string(Error e) { return PE_GPU(GetErrorString)(e); }
+inline Error get_last_error() { return PE_GPU(GetLastError)(); }
+inline Error device_count(int* n) { return PE_GPU(GetDeviceCount)(n); }
+inline Error get_device(int* device) { return PE_GPU(GetDevice)(device); }
+inline Error set_device(int device) { return PE_GPU(SetDevice)(device); }
 inline Error device_name(int device, std::string* name) {
-  cudaDeviceProp prop;
-  const Error e = cudaGetDeviceProperties(&prop, device);
+  DeviceProp prop;
+  const Error e = PE_GPU(GetDeviceProperties)(&prop, device);
   if (e == kSuccess) name->assign(prop.name);
   return e;
 }
 inline Error memory_pools_supported(int device, int* value) {
-  return cudaDeviceGetAttribute(value, cudaDevAttrMemoryPoolsSupported, device);
+  return PE_GPU(DeviceGetAttribute)(value, kAttrMemoryPoolsSupported, device);
 }
-inline Error malloc_device(void** ptr, size_t bytes) { return cudaMalloc(ptr, bytes); }
-inline Error free_device(void* ptr) { return cudaFree(ptr); }
-inline Error malloc_async(void** ptr, size_t bytes, Stream s) { return cudaMallocAsync(ptr, bytes, s); }
-inline Error free_async(void* ptr, Stream s) { return cudaFreeAsync(ptr, s); }
+inline Error malloc_device(void** ptr, size_t bytes) { return PE_GPU(Malloc)(ptr, bytes); }
+inline Error free_device(void* ptr) { return PE_GPU(Free)(ptr); }
+inline Error malloc_async(void** ptr, size_t bytes, Stream s) { return PE_GPU(MallocAsync)(ptr, bytes, s); }
+inline Error free_async(void* ptr, Stream s) { return PE_GPU(FreeAsync)(ptr, s); }
 inline Error memset_async(void* ptr, int value, size_t bytes, Stream s) {
-  return cudaMemsetAsync(ptr, value, bytes, s);
+  return PE_GPU(MemsetAsync)(ptr, value, bytes, s);
 }
 inline Error memcpy_to_host_async(void* dst, const void* src, size_t bytes, Stream s) {
-  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, s);
+  return PE_GPU(MemcpyAsync)(dst, src, bytes, PE_GPU(MemcpyDeviceToHost), s);
 }
 inline Error memcpy_to_device_async(void* dst, const void* src, size_t bytes, Stream s) {
-  return cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, s);
+  return PE_GPU(MemcpyAsync)(dst, src, bytes, PE_GPU(MemcpyHostToDevice), s);
 }
-inline Error stream_synchronize(Stream s) { return cudaStreamSynchronize(s); }
-#endif
+inline Error stream_synchronize(Stream s) { return PE_GPU(StreamSynchronize)(s); }
+#undef PE_GPU
 
 // "cuda error cudaErrorNoDevice (100): no CUDA-capable device is detected"
 inline std::string describe(Error e) {

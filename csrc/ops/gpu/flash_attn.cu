@@ -120,6 +120,20 @@ struct LaneRow {
     }
     return acc;
   }
+  // this += sum over jj < n of w(jj) * row jj, where lane jj holds w(jj) in
+  // w_lane and row jj starts at base + off0 + jj * rs.
+  __device__ void add_weighted_rows(FloatKind kind, const void* base, int64_t off0, int64_t rs, int64_t n, float w_lane,
+                                    int64_t D, int lane) {
+    for (int64_t jj = 0; jj < n; ++jj) {
+      const float w = PE_FA_SHFL(w_lane, static_cast<int>(jj));
+      const int64_t off = off0 + jj * rs;
+#pragma unroll
+      for (int t = 0; t < DV; ++t) {
+        const int64_t d = lane + kLanes * t;
+        if (d < D) x[t] += w * load(kind, base, off + d);
+      }
+    }
+  }
 };
 
 __device__ inline bool visible(const Problem& p, const SeqDev& s, int64_t i, int64_t j) {
@@ -166,16 +180,7 @@ __global__ void forward_kernel(Problem p, const void* q, const void* k, const vo
     const float pz = ok ? pj * dropout_scale(p, sub, i, j) : 0.f;
 #pragma unroll
     for (int t = 0; t < DV; ++t) acc.x[t] *= alpha;
-    const int64_t n = imin(kLanes, kv_end - j0);
-    for (int64_t jj = 0; jj < n; ++jj) {
-      const float w = PE_FA_SHFL(pz, static_cast<int>(jj));
-      const int64_t voff = (s.k0 + j0 + jj) * k_rs + kvh * D;
-#pragma unroll
-      for (int t = 0; t < DV; ++t) {
-        const int64_t d = lane + kLanes * t;
-        if (d < D) acc.x[t] += w * load(p.kind, v, voff + d);
-      }
-    }
+    acc.add_weighted_rows(p.kind, v, (s.k0 + j0) * k_rs + kvh * D, k_rs, imin(kLanes, kv_end - j0), pz, D, lane);
   }
   acc.store_row(p.kind, out, (s.q0 + i) * q_rs + h * D, D, lane, l > 0.f ? 1.f / l : 0.f);
   if (lane == 0) lse[lse_index(p, s, h, i)] = l > 0.f ? (m + log2f(l)) * kLn2 : INFINITY;
@@ -242,16 +247,7 @@ __global__ void backward_dq_kernel(Problem p, const void* q, const void* k, cons
     const float dpv = dorow.dot_with_own(p.kind, v, koff, ok, D);
     const float pj = ok ? exp2f(score - lse2) : 0.f;
     const float ds = ok ? pj * (dpv * dropout_scale(p, sub, i, j) - Di) * p.scale : 0.f;
-    const int64_t n = imin(kLanes, kv_end - j0);
-    for (int64_t jj = 0; jj < n; ++jj) {
-      const float w = PE_FA_SHFL(ds, static_cast<int>(jj));
-      const int64_t off = (s.k0 + j0 + jj) * k_rs + kvh * D;
-#pragma unroll
-      for (int t = 0; t < DV; ++t) {
-        const int64_t d = lane + kLanes * t;
-        if (d < D) acc.x[t] += w * load(p.kind, k, off + d);
-      }
-    }
+    acc.add_weighted_rows(p.kind, k, (s.k0 + j0) * k_rs + kvh * D, k_rs, imin(kLanes, kv_end - j0), ds, D, lane);
   }
   acc.store_row(p.kind, dq, qoff, D, lane, 1.f);
 }
@@ -289,20 +285,9 @@ __global__ void backward_dkv_kernel(Problem p, const void* q, const void* k, con
       const float z = ok ? dropout_scale(p, sub, i, j) : 0.f;
       const float ds = ok ? pj * (dpv * z - di[h * p.total_q + s.q0 + i]) * p.scale : 0.f;
       const float pz = pj * z;
-      const int64_t n = imin(kLanes, s.lq - i0);
-      for (int64_t ii = 0; ii < n; ++ii) {
-        const float wk = PE_FA_SHFL(ds, static_cast<int>(ii));
-        const float wv = PE_FA_SHFL(pz, static_cast<int>(ii));
-        const int64_t off = (s.q0 + i0 + ii) * q_rs + h * D;
-#pragma unroll
-        for (int t = 0; t < DV; ++t) {
-          const int64_t d = lane + kLanes * t;
-          if (d < D) {
-            dkacc.x[t] += wk * load(p.kind, q, off + d);
-            dvacc.x[t] += wv * load(p.kind, dout, off + d);
-          }
-        }
-      }
+      const int64_t n = imin(kLanes, s.lq - i0), off0 = (s.q0 + i0) * q_rs + h * D;
+      dkacc.add_weighted_rows(p.kind, q, off0, q_rs, n, ds, D, lane);
+      dvacc.add_weighted_rows(p.kind, dout, off0, q_rs, n, pz, D, lane);
     }
   }
   dkacc.store_row(p.kind, dk, koff, D, lane, 1.f);

@@ -10,41 +10,21 @@
 namespace paddle_ext::runtime {
 namespace {
 
-struct CudaRuntime {
-  using Error = cudaError_t;
-  using Event = cudaEvent_t;
-  using StreamT = cudaStream_t;
+// What CUDA spells unlike HIP; the rest of the traits: gpu_runtime_traits.inc.
+struct CudaSpelling {
   static constexpr const char* kName = "cuda";
-  static constexpr Error kSuccess = cudaSuccess;
-  static constexpr Error kNotReady = cudaErrorNotReady;
-  static constexpr Error kOutOfMemory = cudaErrorMemoryAllocation;
-  static constexpr unsigned kDisableTiming = cudaEventDisableTiming;
-  static constexpr unsigned kBlockingSync = cudaEventBlockingSync;
-  static constexpr unsigned kInterprocess = cudaEventInterprocess;
-
-  static const char* error_name(Error e) { return cudaGetErrorName(e); }
-  static const char* error_string(Error e) { return cudaGetErrorString(e); }
-  static Error get_last_error() { return cudaGetLastError(); }
-  static Error device_count(int* n) { return cudaGetDeviceCount(n); }
-  static Error get_device(int* d) { return cudaGetDevice(d); }
-  static Error set_device(int d) { return cudaSetDevice(d); }
+  static constexpr cudaError_t kOutOfMemory = cudaErrorMemoryAllocation;
   // Portable: usable by every device of the process, as Paddle's pinned memory is.
-  static Error host_alloc(void** p, size_t n) { return cudaHostAlloc(p, n, cudaHostAllocPortable); }
-  static Error host_free(void* p) { return cudaFreeHost(p); }
-  static Error device_synchronize() { return cudaDeviceSynchronize(); }
-  static Error event_create(Event* e, unsigned flags) { return cudaEventCreateWithFlags(e, flags); }
-  static Error event_record(Event e, StreamT s) { return cudaEventRecord(e, s); }
-  static Error event_query(Event e) { return cudaEventQuery(e); }
-  static Error event_synchronize(Event e) { return cudaEventSynchronize(e); }
-  static Error stream_wait_event(StreamT s, Event e) { return cudaStreamWaitEvent(s, e, 0); }
-  static Error event_elapsed(float* ms, Event a, Event b) { return cudaEventElapsedTime(ms, a, b); }
-  static Error event_destroy(Event e) { return cudaEventDestroy(e); }
+  static cudaError_t host_alloc(void** p, size_t n) { return cudaHostAlloc(p, n, cudaHostAllocPortable); }
+  static cudaError_t host_free(void* p) { return cudaFreeHost(p); }
 };
 
-const Registrar registrar({"cuda", 3,
-                           [] { return std::static_pointer_cast<HostBackend>(std::make_shared<gpu::HostBackendImpl<CudaRuntime>>()); },
-                           [] { return gpu::EventBackendImpl<CudaRuntime>::instance(); },
-                           [] { return gpu::unavailable<CudaRuntime>(); }});
+#define PE_GPU(name) cuda##name
+#define PE_GPU_SPELLING CudaSpelling
+#include "backends/gpu_runtime_traits.inc"
+
+const Registrar registrar({"cuda", 3, gpu::host_backend<Runtime>, gpu::event_backend<Runtime>,
+                           gpu::unavailable<Runtime>});
 
 }  // namespace
 }  // namespace paddle_ext::runtime

@@ -1,7 +1,8 @@
 // The CUDA and HIP backends share their logic; each of cuda.cc and hip.cc
 // supplies a runtime traits struct R (its types, constants and a thin
-// function per runtime call) and instantiates these templates. This header
-// includes no GPU header itself, so it cannot drift towards one runtime.
+// function per runtime call, written once for both in gpu_runtime_traits.inc)
+// and registers these templates. This header includes no GPU header itself,
+// so it cannot drift towards one runtime.
 //
 // R provides: types Error, Event, StreamT; constants kName, kSuccess,
 // kNotReady, kOutOfMemory, kDisableTiming, kBlockingSync, kInterprocess;
@@ -155,6 +156,16 @@ class HostBackendImpl final : public HostBackend {
   }
   std::shared_ptr<EventBackend> events() override { return EventBackendImpl<R>::instance(); }
 };
+
+// The registry's factories (BackendEntry) for runtime R.
+template <class R>
+std::shared_ptr<HostBackend> host_backend() {
+  return std::make_shared<HostBackendImpl<R>>();
+}
+template <class R>
+std::shared_ptr<EventBackend> event_backend() {
+  return EventBackendImpl<R>::instance();
+}
 
 // "" when a device is there, else the runtime's reason.
 template <class R>

@@ -10,41 +10,21 @@
 namespace paddle_ext::runtime {
 namespace {
 
-struct HipRuntime {
-  using Error = hipError_t;
-  using Event = hipEvent_t;
-  using StreamT = hipStream_t;
+// What HIP spells unlike CUDA; the rest of the traits: gpu_runtime_traits.inc.
+struct HipSpelling {
   static constexpr const char* kName = "hip";
-  static constexpr Error kSuccess = hipSuccess;
-  static constexpr Error kNotReady = hipErrorNotReady;
-  static constexpr Error kOutOfMemory = hipErrorOutOfMemory;
-  static constexpr unsigned kDisableTiming = hipEventDisableTiming;
-  static constexpr unsigned kBlockingSync = hipEventBlockingSync;
-  static constexpr unsigned kInterprocess = hipEventInterprocess;
-
-  static const char* error_name(Error e) { return hipGetErrorName(e); }
-  static const char* error_string(Error e) { return hipGetErrorString(e); }
-  static Error get_last_error() { return hipGetLastError(); }
-  static Error device_count(int* n) { return hipGetDeviceCount(n); }
-  static Error get_device(int* d) { return hipGetDevice(d); }
-  static Error set_device(int d) { return hipSetDevice(d); }
+  static constexpr hipError_t kOutOfMemory = hipErrorOutOfMemory;
   // Portable: usable by every device of the process, as Paddle's pinned memory is.
-  static Error host_alloc(void** p, size_t n) { return hipHostMalloc(p, n, hipHostMallocPortable); }
-  static Error host_free(void* p) { return hipHostFree(p); }
-  static Error device_synchronize() { return hipDeviceSynchronize(); }
-  static Error event_create(Event* e, unsigned flags) { return hipEventCreateWithFlags(e, flags); }
-  static Error event_record(Event e, StreamT s) { return hipEventRecord(e, s); }
-  static Error event_query(Event e) { return hipEventQuery(e); }
-  static Error event_synchronize(Event e) { return hipEventSynchronize(e); }
-  static Error stream_wait_event(StreamT s, Event e) { return hipStreamWaitEvent(s, e, 0); }
-  static Error event_elapsed(float* ms, Event a, Event b) { return hipEventElapsedTime(ms, a, b); }
-  static Error event_destroy(Event e) { return hipEventDestroy(e); }
+  static hipError_t host_alloc(void** p, size_t n) { return hipHostMalloc(p, n, hipHostMallocPortable); }
+  static hipError_t host_free(void* p) { return hipHostFree(p); }
 };
 
-const Registrar registrar({"hip", 4,
-                           [] { return std::static_pointer_cast<HostBackend>(std::make_shared<gpu::HostBackendImpl<HipRuntime>>()); },
-                           [] { return gpu::EventBackendImpl<HipRuntime>::instance(); },
-                           [] { return gpu::unavailable<HipRuntime>(); }});
+#define PE_GPU(name) hip##name
+#define PE_GPU_SPELLING HipSpelling
+#include "backends/gpu_runtime_traits.inc"
+
+const Registrar registrar({"hip", 4, gpu::host_backend<Runtime>, gpu::event_backend<Runtime>,
+                           gpu::unavailable<Runtime>});
 
 }  // namespace
 }  // namespace paddle_ext::runtime
