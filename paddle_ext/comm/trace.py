@@ -23,14 +23,16 @@ call blocked; on GPU it is the host's enqueue time (see docs/comm_debugging.md).
 from __future__ import annotations
 
 import collections
+import contextlib
 import json
 import os
 import sys
 import threading
 import time
-from typing import Any, Callable, Iterable, Optional, Sequence
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
 
-__all__ = ["CommRecord", "CommTracer", "call", "chrome_trace", "tracer", "traced_method", "write_chrome_trace"]
+__all__ = ["CommRecord", "CommTracer", "call", "chrome_trace", "long_wait", "tracer", "traced_method",
+           "write_chrome_trace"]
 
 DEFAULT_RING = 4096
 
@@ -39,7 +41,7 @@ class CommRecord:
     """One operation on one group, as this rank issued it."""
 
     __slots__ = ("seq", "group", "op", "shapes", "dtype", "peer", "what", "start", "end", "thread", "error",
-                 "on_device")
+                 "on_device", "limit")
 
     def __init__(self, seq: int, group: int, op: str, shapes: tuple, dtype: str, peer: Optional[int],
                  what: str, start: float, thread: str) -> None:
@@ -48,6 +50,7 @@ class CommRecord:
         self.start, self.end, self.thread = start, None, thread
         self.error: Optional[str] = None
         self.on_device = False  # the host call returned; the device has not finished it yet
+        self.limit: Optional[float] = None  # seconds it may wait (long_wait); None: hang_timeout
 
     @property
     def done(self) -> bool:
@@ -65,6 +68,7 @@ class CommRecord:
         rec = cls(d["seq"], d["group"], d["op"], tuple(tuple(s) for s in d["shapes"]), d["dtype"],
                   d["peer"], d["what"], d["start"], d["thread"])
         rec.end, rec.error, rec.on_device = d["end"], d["error"], d.get("on_device", False)
+        rec.limit = d.get("limit")
         return rec
 
     def describe(self) -> str:
@@ -72,7 +76,9 @@ class CommRecord:
         peer = f" {'to' if self.op.startswith('send') else 'from'} rank {self.peer}" if self.peer is not None else ""
         data = f" [{self.dtype} {shapes}]" if self.shapes else ""
         device = ", enqueued, not finished on the device" if self.on_device else ""
-        return f"{self.op} #{self.seq}{peer}{data} ({self.what}{device})"
+        limit = "" if self.limit is None else \
+            f", long_wait {'without limit' if self.limit == float('inf') else f'{self.limit:g} s'}"
+        return f"{self.op} #{self.seq}{peer}{data} ({self.what}{device}{limit})"
 
     def __repr__(self) -> str:
         return f"CommRecord(group {self.group}, {self.describe()}, {'done' if self.done else 'in flight'})"
@@ -101,6 +107,9 @@ class CommTracer:
         self.watch_device = False
         self.device_pending: dict[int, tuple[CommRecord, Any]] = {}
         self.counts: dict[int, int] = {}
+        # Seconds an operation begun now may wait before it counts as hung (long_wait);
+        # None: the watchdog's hang_timeout.
+        self.wait_limit: Optional[float] = None
         self.groups: dict[int, tuple[int, ...]] = {}  # gid -> global ranks
         self._by_pg: dict[int, _GroupInfo] = {}
         self._unknown = 0
@@ -139,6 +148,7 @@ class CommTracer:
             self.counts[group] = seq + 1
         rec = CommRecord(seq, group, op, shapes, dtype, peer, what, self.clock(),
                          threading.current_thread().name)
+        rec.limit = self.wait_limit
         self.records.append(rec)
         self.in_flight[id(rec)] = rec
         return rec
@@ -180,6 +190,15 @@ class CommTracer:
         flying = self._flying()
         return min(flying, key=lambda r: r.start) if flying else None
 
+    def overdue(self, hang_timeout: float) -> Optional[CommRecord]:
+        """The oldest in-flight operation waiting longer than it may: its long_wait
+        limit if it began inside one, else hang_timeout. None when none is."""
+        self.poll_device()
+        now = self.clock()
+        late = [r for r in self._flying()
+                if now - r.start > (r.limit if r.limit is not None else hang_timeout)]
+        return min(late, key=lambda r: r.start) if late else None
+
     def snapshot(self, last: int = 256) -> dict:
         """JSON-ready state for the hang report: groups, counters, the newest records."""
         self._refresh_groups()
@@ -212,6 +231,32 @@ _local = threading.local()
 def tracer() -> CommTracer:
     """This process's tracer."""
     return _TRACER
+
+
+@contextlib.contextmanager
+def long_wait(seconds: Optional[float] = None) -> Iterator[None]:
+    """Operations this process begins inside the block may wait `seconds` (None: as
+    long as they must) before the watchdog calls them hung, instead of
+    comm.hang_timeout. For waits that are long by design: every rank wraps the
+    barrier that waits while rank 0 writes a checkpoint, say
+
+        with paddle_ext.comm.long_wait(3600):
+            if rank == 0:
+                save(state, path)
+            dist.barrier()
+
+    The limit belongs to the operations begun inside (a hang report still names
+    one that outlives it); blocks nest, the innermost limit applying."""
+    if seconds is not None and (isinstance(seconds, bool) or not isinstance(seconds, (int, float))
+                                or not seconds > 0):
+        raise ValueError(f"long_wait: seconds = {seconds!r} is not allowed: a number > 0 "
+                         "(float('inf') or None: no limit)")
+    before = _TRACER.wait_limit
+    _TRACER.wait_limit = float("inf") if seconds is None else float(seconds)
+    try:
+        yield
+    finally:
+        _TRACER.wait_limit = before
 
 
 def call(pg: Any, op: str, *args: Any, tensors: Sequence[Any] = (), peer: Optional[int] = None,

@@ -7,7 +7,8 @@ daemon thread. Blocking gloo/NCCL calls release Python's GIL, so the thread runs
 while the main thread is stuck. JSON lines travel both ways.
 
 Incidents, and what the hub does with them:
-- a rank's oldest in-flight operation is older than hang_timeout -> "stuck";
+- a rank's in-flight operation is older than hang_timeout (or than the limit of the
+  long_wait block it began in) -> "stuck";
 - a connection closes without a goodbye -> that rank is lost (SIGKILL, a crash: the
   kernel closes a dead process's sockets, so this is seen at once, not after a
   communicator's timeout); the hub itself lost -> every rank names rank 0;
@@ -311,13 +312,11 @@ class Watchdog(threading.Thread):
     def _check_progress(self) -> None:
         if not self.hang_timeout or self.reported_stuck:
             return
-        rec: Optional[CommRecord] = self.tracer.oldest_in_flight()
-        if rec is None:
-            return
-        age = self.tracer.clock() - rec.start
-        if age > self.hang_timeout:
+        rec: Optional[CommRecord] = self.tracer.overdue(self.hang_timeout)
+        if rec is not None:
             self.reported_stuck = True
-            self.ch.send({"t": "stuck", "age": age, "what": f"{rec.describe()} on group {rec.group}"})
+            self.ch.send({"t": "stuck", "age": self.tracer.clock() - rec.start,
+                          "what": f"{rec.describe()} on group {rec.group}"})
 
     def state(self) -> dict:
         return {"status": self.status, "error": self.error, "now": self.tracer.clock(), "pid": os.getpid(),

@@ -169,3 +169,43 @@ def test_device_ops_stay_in_flight_until_their_task_completes(fresh_tracer):
     task.done = True
     assert fresh_tracer.oldest_in_flight() is None and not fresh_tracer.device_pending
     assert not rec.on_device
+
+
+def test_long_wait_sets_the_limit_of_operations_begun_inside_and_nests(fresh_tracer):
+    now = [100.0]
+    fresh_tracer.clock = lambda: now[0]
+    outside = fresh_tracer.begin(0, "all_reduce", [], None, "a.py:1")
+    with trace.long_wait(50):
+        inside = fresh_tracer.begin(0, "barrier", [], None, "a.py:2")
+        with trace.long_wait():  # no limit
+            unlimited = fresh_tracer.begin(0, "barrier", [], None, "a.py:3")
+        after_inner = fresh_tracer.begin(0, "barrier", [], None, "a.py:4")
+    assert (outside.limit, inside.limit, unlimited.limit, after_inner.limit) == (None, 50.0, float("inf"), 50.0)
+    assert fresh_tracer.wait_limit is None
+    assert fresh_tracer.overdue(10) is None
+    now[0] = 111.0  # past hang_timeout 10, within 50
+    assert fresh_tracer.overdue(10) is outside
+    fresh_tracer.end(outside)
+    assert fresh_tracer.overdue(10) is None
+    now[0] = 151.0
+    assert fresh_tracer.overdue(10) is inside
+    fresh_tracer.end(inside)
+    fresh_tracer.end(after_inner)
+    now[0] = 1e9
+    assert fresh_tracer.overdue(10) is None  # the unlimited one never is
+    assert trace.CommRecord.from_dict(json.loads(json.dumps(unlimited.to_dict()))).limit == float("inf")
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, "60", float("nan")])
+def test_long_wait_refuses_a_limit_that_is_not_a_positive_number(fresh_tracer, bad):
+    with pytest.raises(ValueError, match=r"long_wait: seconds = .* is not allowed: a number > 0"):
+        with trace.long_wait(bad):
+            pass
+    assert fresh_tracer.wait_limit is None
+
+
+def test_long_wait_restores_the_limit_when_the_block_raises(fresh_tracer):
+    with pytest.raises(KeyError):
+        with trace.long_wait(5):
+            raise KeyError("boom")
+    assert fresh_tracer.wait_limit is None

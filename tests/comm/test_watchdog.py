@@ -7,6 +7,7 @@ import time
 
 import pytest
 
+from paddle_ext.comm import trace
 from paddle_ext.comm.trace import CommTracer
 from paddle_ext.comm.watchdog import EXIT_HANG, EXIT_PEER, Hub, Watchdog
 
@@ -78,6 +79,21 @@ def test_a_stuck_rank_ends_every_rank_with_the_report(capfd):
     err = capfd.readouterr().err
     assert "[rank 2] paddle_ext comm watchdog: rank" in err and "made no progress" in err
     assert "ranks diverge at sequence number 3: rank 2 never issued it" in err
+
+
+def test_a_wait_inside_long_wait_is_not_a_hang_until_its_own_limit(capfd, monkeypatch):
+    hub, dogs, exits = start_job(2, hang_timeout=0.3)
+    monkeypatch.setattr(trace, "_TRACER", dogs[0].tracer)  # long_wait acts on the process's tracer
+    with trace.long_wait(30):
+        dogs[0].tracer.begin(0, "barrier", [], None, "save.py:20")  # rank 0 waits while rank 1 saves
+    time.sleep(1.5)  # five times hang_timeout
+    assert not exits.codes
+    monkeypatch.setattr(trace, "_TRACER", dogs[1].tracer)
+    with trace.long_wait(0.5):
+        dogs[1].tracer.begin(0, "barrier", [], None, "save.py:21")  # this one outlives its limit
+    assert exits.done.wait(10), exits.codes
+    assert exits.codes == {0: EXIT_HANG, 1: EXIT_HANG}
+    assert "barrier #0 (save.py:21, long_wait 0.5 s)" in capfd.readouterr().err
 
 
 def test_a_lost_connection_names_the_lost_rank(capfd):
