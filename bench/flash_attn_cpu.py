@@ -25,6 +25,10 @@ Run: python bench/flash_attn_cpu.py [--seqs 512,1024,2048,4096] [--threads 1,2]
      [--paddle-max-seq 4096] [--clock wall|cpu]
 (--clock cpu times process CPU time, with --threads 1: steadier on a loaded
 machine, since it leaves out the time spent waiting for a core.)
+With more than one thread it runs with KMP_BLOCKTIME=0 unless told
+otherwise, and each timed call follows an untimed one of the same
+implementation (quiet_openmp()): no library is timed beside another's
+spinning OpenMP workers or on a core still waking up.
 """
 
 from __future__ import annotations
@@ -221,6 +225,26 @@ def torch_worker_main() -> None:
         print(json.dumps(reply), flush=True)
 
 
+def quiet_openmp(thread_counts: list[int]) -> str | None:
+    """With more than one thread, KMP_BLOCKTIME=0 (unless set) before Paddle
+    loads MKL: its Intel OpenMP workers otherwise spin for 200 ms after every
+    parallel region and, with no spare core, take the core the next call's
+    second thread needs. Measured here at 2 threads, S=1024: paddle_ext's
+    forward took 14-15 ms back to back, 27 ms right after a Paddle call, and
+    15-28 ms after a pause of 0.2-1 s (sleeping past the spin does not help:
+    this VM's idle second core comes back slowly, which is why, at more than
+    one thread, every timed call follows an untimed one of the same
+    implementation); PyTorch's calls suffer alike. The price: Paddle's math
+    path, many small MKL calls, gets slower at 2 threads (S=2048: about 1.5 s
+    instead of 0.4 s), so its ratio there flatters paddle_ext; the note
+    printed says so."""
+    if max(thread_counts) <= 1 or "KMP_BLOCKTIME" in os.environ:
+        return None
+    os.environ["KMP_BLOCKTIME"] = "0"  # the PyTorch worker process inherits it
+    return ("KMP_BLOCKTIME=0 set by this bench (OpenMP workers sleep at once; it slows Paddle's "
+            "math path at > 1 thread, so the Paddle ratios there flatter paddle_ext)")
+
+
 # ------------------------------------------------------------------- memory
 
 def _status_kb(field: str) -> int:
@@ -282,12 +306,14 @@ def main() -> None:
         global CLOCK
         CLOCK = time.process_time
 
+    seqs = [int(x) for x in args.seqs.split(",")]
+    thread_counts = [int(x) for x in args.threads.split(",")]
+    openmp_note = quiet_openmp(thread_counts)
+
     import paddle
 
     from paddle_ext.ops.flash_attention import cpu_isa
 
-    seqs = [int(x) for x in args.seqs.split(",")]
-    thread_counts = [int(x) for x in args.threads.split(",")]
     modes = [m == "fwd+bwd" for m in args.modes.split(",")]
     h, d = args.heads, args.head_dim
     torch_worker = TorchWorker.start(args.torch_python)
@@ -297,6 +323,8 @@ def main() -> None:
              else " (PyTorch not importable: no PyTorch column; --torch-python PATH adds it)"))
     print(f"ratios: reference time / paddle_ext time (> 1: paddle_ext is faster); medians of "
           f"{args.repeats} interleaved calls; {args.clock} clock")
+    if openmp_note:
+        print(openmp_note)
 
     summary = []
     for threads in thread_counts:
@@ -330,10 +358,14 @@ def main() -> None:
                         for name, impl in impls.items():
                             if warm[name] > args.slow_seconds and rep >= 2:
                                 continue  # Paddle's math path at large S: a median of 2 calls
+                            if threads > 1 and warm[name] <= args.slow_seconds:
+                                impl()  # see quiet_openmp(): both cores awake for the timed call
                             t0 = CLOCK()
                             impl()
                             samples[name].append(CLOCK() - t0)
                         if torch_worker:
+                            if threads > 1:
+                                torch_worker.once()
                             samples["torch"].append(torch_worker.once())
                     med = {name: statistics.median(v) for name, v in samples.items()}
                     flops = attention_flops(s, h, d, causal, backward) / 1e9
