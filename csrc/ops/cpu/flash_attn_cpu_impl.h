@@ -81,41 +81,12 @@ inline void micro_rows(int rows, int64_t K, const float* a, int64_t a_rs, int64_
   }
 }
 
-// C[M x N] (op)= A[M x K] B[K x N], N a multiple of 8. B(k, n) = b[k * b_rs + n]
-// when b_ps == 0; otherwise B is stored as panels of 16 columns, b_ps apart:
-// B(k, n) = b[(n / 16) * b_ps + k * b_rs + n % 16].
-inline void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
-                 int64_t b_rs, int64_t b_ps, float* c, int64_t c_rs, int mode, const float* alpha = nullptr) {
-  if (M <= 0 || N <= 0) return;
-  if (K <= 0) {  // an empty product: C = alpha * C (kScaleAdd), C (kAdd) or 0
-    for (int64_t m = 0; m < M; ++m)
-      for (int64_t n = 0; n < N; ++n)
-        c[m * c_rs + n] = mode == kStore ? 0.f : mode == kAdd ? c[m * c_rs + n] : alpha[m] * c[m * c_rs + n];
-    return;
-  }
-  for (int64_t n = 0; n < N; n += kPanel) {
-    const bool full = n + kPanel <= N;
-    const float* bn = b_ps ? b + (n / kPanel) * b_ps : b + n;
-    for (int64_t m = 0; m < M; m += kMR) {
-      const int rows = static_cast<int>(std::min<int64_t>(kMR, M - m));
-      const float* am = a + m * a_rs;
-      float* cm = c + m * c_rs + n;
-      const float* al = alpha ? alpha + m : nullptr;
-      if (full) {
-        micro_rows<2>(rows, K, am, a_rs, a_cs, bn, b_rs, cm, c_rs, mode, al);
-      } else {
-        micro_rows<1>(rows, K, am, a_rs, a_cs, bn, b_rs, cm, c_rs, mode, al);
-      }
-    }
-  }
-}
-
 // gemm() over row tiles of kMR rows where tile t takes only the columns
-// below n_end[t] (a multiple of 16; null: N) and the inner indices below
+// below n_end[t] (a multiple of 8; null: N) and the inner indices below
 // k_end[t] (null: K):
-// a causal diagonal block's ragged shape. Panels outside, tiles inside, as in
-// gemm(), so each B panel comes into L1 once for all tiles (per-tile gemm()
-// calls fetched every panel again per tile, from L2).
+// a causal diagonal block's ragged shape. Panels outside, tiles inside, so
+// each B panel comes into L1 once for all tiles (per-tile products fetched
+// every panel again per tile, from L2).
 inline void gemm_tiles(int64_t M, int64_t N, int64_t K, const int64_t* n_end, const int64_t* k_end, const float* a,
                        int64_t a_rs, int64_t a_cs, const float* b, int64_t b_rs, int64_t b_ps, float* c, int64_t c_rs,
                        int mode, const float* alpha = nullptr) {
@@ -129,13 +100,28 @@ inline void gemm_tiles(int64_t M, int64_t N, int64_t K, const int64_t* n_end, co
       const float* am = a + m * a_rs;
       float* cm = c + m * c_rs + n;
       const float* al = alpha ? alpha + m : nullptr;
-      if (full) {
+      if (full && (n_end == nullptr || n + kPanel <= n_end[t])) {
         micro_rows<2>(rows, kk, am, a_rs, a_cs, bn, b_rs, cm, c_rs, mode, al);
       } else {
         micro_rows<1>(rows, kk, am, a_rs, a_cs, bn, b_rs, cm, c_rs, mode, al);
       }
     }
   }
+}
+
+// C[M x N] (op)= A[M x K] B[K x N], N a multiple of 8. B(k, n) = b[k * b_rs + n]
+// when b_ps == 0; otherwise B is stored as panels of 16 columns, b_ps apart:
+// B(k, n) = b[(n / 16) * b_ps + k * b_rs + n % 16].
+inline void gemm(int64_t M, int64_t N, int64_t K, const float* a, int64_t a_rs, int64_t a_cs, const float* b,
+                 int64_t b_rs, int64_t b_ps, float* c, int64_t c_rs, int mode, const float* alpha = nullptr) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0) {  // an empty product: C = alpha * C (kScaleAdd), C (kAdd) or 0
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n)
+        c[m * c_rs + n] = mode == kStore ? 0.f : mode == kAdd ? c[m * c_rs + n] : alpha[m] * c[m * c_rs + n];
+    return;
+  }
+  gemm_tiles(M, N, K, nullptr, nullptr, a, a_rs, a_cs, b, b_rs, b_ps, c, c_rs, mode, alpha);
 }
 
 // n is a multiple of 8.
