@@ -64,3 +64,12 @@ def set_num_threads(n: int) -> None:
 
 def get_num_threads() -> int:
     return int(load().paddle_ext_get_num_threads())
+
+
+def thread_pool() -> str:
+    """Where the CPU kernels' threads come from: "openmp (libiomp5.so)" (the OpenMP
+    runtime Paddle already loaded, shared with its MKL calls) or "std::thread"
+    (none loaded, or PADDLE_EXT_THREAD_POOL=std)."""
+    fn = load().paddle_ext_thread_pool
+    fn.restype = ctypes.c_char_p
+    return fn().decode()

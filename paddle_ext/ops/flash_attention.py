@@ -21,12 +21,12 @@ float16 / bfloat16 inputs are computed in float32. Threads: the kernel uses
 paddle_ext.ops.set_num_threads(n) threads, by default the PADDLE_EXT_NUM_THREADS
 environment variable, else every core; Paddle's own
 paddle.base.core.set_num_threads (which its CPU math path follows, one thread
-by default) does not change it. With as many threads as cores, mind Paddle's
-MKL workers: they spin for KMP_BLOCKTIME (200 ms by default) after each MKL
-call and take the cores this kernel's threads need (measured on 2 cores,
-S=1024 forward: 27 ms right after a Paddle call, 14-15 ms with
-KMP_BLOCKTIME=0); KMP_BLOCKTIME=0 in the environment avoids it, at some cost
-to Paddle's own paths made of many small MKL calls.
+by default) does not change it. The threads themselves are those of the OpenMP
+runtime Paddle's wheel loads for MKL (paddle_ext.ops.thread_pool() says which):
+MKL's workers spin for KMP_BLOCKTIME (200 ms) after each call, and separate
+threads competed with them for the cores (measured on 2 cores, S=1024 forward:
+27 ms right after a Paddle matmul on its own std::threads, 15 ms on the shared
+OpenMP threads). PADDLE_EXT_THREAD_POOL=std keeps the kernels on std::threads.
 
 GPU (CUDA / ROCm builds of Paddle): Paddle's native flash attention when it
 supports the call (float16 / bfloat16, as many kv heads as query heads, no

@@ -1,7 +1,14 @@
 #include "common/parallel.h"
 
-#include <atomic>
+#include <dlfcn.h>
+
+#include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 namespace paddle_ext {
 namespace {
@@ -21,11 +28,98 @@ std::atomic<int>& thread_setting() {
   return n;
 }
 
+// GNU OpenMP's entry points, which Intel's runtime provides too.
+struct OpenMp {
+  void (*parallel)(void (*fn)(void*), void* data, unsigned num_threads, unsigned flags) = nullptr;
+  int (*thread_num)() = nullptr;
+  const char* name = nullptr;
+};
+
+// The runtime already in the process, looked for until found (the library may be
+// loaded before Paddle's MKL runtime is); never loaded by this library.
+const OpenMp* loaded_openmp() {
+  static std::atomic<const OpenMp*> found{nullptr};
+  if (const OpenMp* omp = found.load(std::memory_order_acquire)) return omp;
+  for (const char* name : {"libiomp5.so", "libgomp.so.1"}) {
+    void* lib = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);
+    if (lib == nullptr) continue;
+    auto* omp = new OpenMp;  // kept for the process's life, as the runtime is
+    omp->parallel = reinterpret_cast<decltype(omp->parallel)>(dlsym(lib, "GOMP_parallel"));
+    omp->thread_num = reinterpret_cast<decltype(omp->thread_num)>(dlsym(lib, "omp_get_thread_num"));
+    omp->name = name;
+    if (omp->parallel != nullptr && omp->thread_num != nullptr) {
+      const OpenMp* expected = nullptr;
+      if (found.compare_exchange_strong(expected, omp)) return omp;
+      delete omp;
+      return expected;
+    }
+    delete omp;
+  }
+  return nullptr;
+}
+
+// PADDLE_EXT_THREAD_POOL=std keeps the kernels on their own std::threads (read per call).
+const OpenMp* openmp() {
+  const char* choice = std::getenv("PADDLE_EXT_THREAD_POOL");
+  if (choice != nullptr && std::strcmp(choice, "std") == 0) return nullptr;
+  return loaded_openmp();
+}
+
+struct Job {
+  const std::function<void(int64_t)>* body;
+  int (*thread_num)();
+  int64_t workers;
+  std::mutex mu;
+  std::exception_ptr error;
+
+  void run(int64_t w) {
+    try {
+      (*body)(w);
+    } catch (...) {
+      std::lock_guard<std::mutex> lock(mu);
+      if (!error) error = std::current_exception();
+    }
+  }
+};
+
+void openmp_body(void* data) {
+  Job* job = static_cast<Job*>(data);
+  const int64_t w = job->thread_num();
+  if (w < job->workers) job->run(w);  // a runtime never gives more threads than asked; be sure
+}
+
 }  // namespace
 
 int num_threads() { return thread_setting().load(std::memory_order_relaxed); }
 
 void set_num_threads(int n) { thread_setting().store(n > 0 ? n : default_threads()); }
+
+const char* thread_pool() {
+  static thread_local char text[64];
+  const OpenMp* omp = openmp();
+  if (omp == nullptr) return "std::thread";
+  std::snprintf(text, sizeof(text), "openmp (%s)", omp->name);
+  return text;
+}
+
+void run_workers(int64_t workers, const std::function<void(int64_t)>& body) {
+  Job job;
+  job.body = &body;
+  job.workers = workers;
+  if (workers <= 1) {
+    job.run(0);
+  } else if (const OpenMp* omp = openmp()) {
+    job.thread_num = omp->thread_num;
+    omp->parallel(openmp_body, &job, static_cast<unsigned>(workers), 0);
+  } else {
+    std::vector<std::thread> pool;
+    pool.reserve(workers - 1);
+    for (int64_t w = 1; w < workers; ++w) pool.emplace_back([&job, w] { job.run(w); });
+    job.run(0);
+    for (auto& t : pool) t.join();
+  }
+  if (job.error) std::rethrow_exception(job.error);
+}
 
 }  // namespace paddle_ext
 
@@ -34,4 +128,5 @@ void set_num_threads(int n) { thread_setting().store(n > 0 ? n : default_threads
 extern "C" {
 int paddle_ext_get_num_threads() { return paddle_ext::num_threads(); }
 void paddle_ext_set_num_threads(int n) { paddle_ext::set_num_threads(n); }
+const char* paddle_ext_thread_pool() { return paddle_ext::thread_pool(); }
 }

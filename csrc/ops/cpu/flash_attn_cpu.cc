@@ -38,7 +38,6 @@
 #include <limits>
 #include <memory>
 #include <numeric>
-#include <thread>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -263,14 +262,9 @@ void run_tasks(int64_t n, int64_t workers, Fn&& fn) {
     return;
   }
   std::atomic<int64_t> next{0};
-  auto body = [&](int64_t w) {
+  run_workers(workers, [&](int64_t w) {
     for (int64_t t = next.fetch_add(1); t < n; t = next.fetch_add(1)) fn(w, t);
-  };
-  std::vector<std::thread> pool;
-  pool.reserve(workers - 1);
-  for (int64_t w = 1; w < workers; ++w) pool.emplace_back(body, w);
-  body(0);
-  for (auto& t : pool) t.join();
+  });
 }
 
 int64_t workers_for(int64_t tasks) { return std::max<int64_t>(1, std::min<int64_t>(num_threads(), tasks)); }
