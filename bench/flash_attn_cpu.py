@@ -228,13 +228,14 @@ def torch_worker_main() -> None:
 def quiet_openmp(thread_counts: list[int]) -> str | None:
     """With more than one thread, KMP_BLOCKTIME=0 (unless set) before Paddle
     loads MKL: its Intel OpenMP workers otherwise spin for 200 ms after every
-    parallel region and, with no spare core, take the core the next call's
-    second thread needs. Measured here at 2 threads, S=1024: paddle_ext's
-    forward took 14-15 ms back to back, 27 ms right after a Paddle call, and
-    15-28 ms after a pause of 0.2-1 s (sleeping past the spin does not help:
-    this VM's idle second core comes back slowly, which is why, at more than
-    one thread, every timed call follows an untimed one of the same
-    implementation); PyTorch's calls suffer alike. The price: Paddle's math
+    parallel region (Paddle's calls and, since it shares those threads,
+    paddle_ext's) and, with no spare core, take the core the PyTorch worker
+    process's next call needs. Measured here at 2 threads, S=1024, when
+    paddle_ext still ran on threads of its own: its forward took 14-15 ms back
+    to back, 27 ms right after a Paddle call, and 15-28 ms after a pause of
+    0.2-1 s (sleeping past the spin does not help: this VM's idle second core
+    comes back slowly, which is why, at more than one thread, every timed call
+    follows an untimed one of the same implementation). The price: Paddle's math
     path, many small MKL calls, gets slower at 2 threads (S=2048: about 1.5 s
     instead of 0.4 s), so its ratio there flatters paddle_ext; the note
     printed says so."""
