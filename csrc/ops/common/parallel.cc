@@ -38,22 +38,22 @@ struct OpenMp {
 // The runtime already in the process, looked for until found (the library may be
 // loaded before Paddle's MKL runtime is); never loaded by this library.
 const OpenMp* loaded_openmp() {
-  static std::atomic<const OpenMp*> found{nullptr};
-  if (const OpenMp* omp = found.load(std::memory_order_acquire)) return omp;
+  static std::mutex mu;
+  static OpenMp found;
+  std::lock_guard<std::mutex> lock(mu);
+  if (found.name != nullptr) return &found;
   for (const char* name : {"libiomp5.so", "libgomp.so.1"}) {
-    void* lib = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);
+    void* lib = dlopen(name, RTLD_LAZY | RTLD_NOLOAD);  // kept open, as the process keeps the runtime
     if (lib == nullptr) continue;
-    auto* omp = new OpenMp;  // kept for the process's life, as the runtime is
-    omp->parallel = reinterpret_cast<decltype(omp->parallel)>(dlsym(lib, "GOMP_parallel"));
-    omp->thread_num = reinterpret_cast<decltype(omp->thread_num)>(dlsym(lib, "omp_get_thread_num"));
-    omp->name = name;
-    if (omp->parallel != nullptr && omp->thread_num != nullptr) {
-      const OpenMp* expected = nullptr;
-      if (found.compare_exchange_strong(expected, omp)) return omp;
-      delete omp;
-      return expected;
+    OpenMp omp;
+    omp.parallel = reinterpret_cast<decltype(omp.parallel)>(dlsym(lib, "GOMP_parallel"));
+    omp.thread_num = reinterpret_cast<decltype(omp.thread_num)>(dlsym(lib, "omp_get_thread_num"));
+    omp.name = name;
+    if (omp.parallel != nullptr && omp.thread_num != nullptr) {
+      found = omp;
+      return &found;
     }
-    delete omp;
+    dlclose(lib);
   }
   return nullptr;
 }
