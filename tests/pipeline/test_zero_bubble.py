@@ -294,3 +294,20 @@ def test_costs_for_split_backwards():
         Costs(per_stage={0: (1, 2, 3, 4)})
     with pytest.raises(ValueError, match="expected three numbers F,B,comm or four"):
         Costs.parse("1,2")
+
+
+def test_measured_timeline_of_a_zero_bubble_run_prices_i_and_w():
+    # The bench's path: spans as the interpreter records them -> measured SimResult and
+    # Costs -> the simulator's prediction on the same footing.
+    from paddle_ext.pipeline.timeline import measured_costs, measured_result
+
+    s = lower(generate(2, 1, 3, "zb-h1"))
+    truth = Costs(1, 3, input_grad=1, weight_grad=2)
+    run = simulate(s, truth)
+    spans = [[(sp.index, sp.action, float(sp.start), float(sp.end)) for sp in row]
+             for row in run.spans]
+    measured = measured_result(s, spans)
+    assert measured.busy == (12.0, 12.0) and measured.makespan == run.makespan
+    costs = measured_costs(s, spans)
+    assert costs.i_w == (1.0, 2.0) and costs.per_stage == {0: (1.0, 1.0, 2.0), 1: (1.0, 1.0, 2.0)}
+    assert simulate(s, costs).makespan == run.makespan
