@@ -26,7 +26,6 @@ from paddle_ext.pipeline.schedule import (
     generate,
     lower,
     simulate,
-    stage_of,
     validate,
 )
 from paddle_ext.pipeline.schedule.analytic import (
@@ -35,7 +34,7 @@ from paddle_ext.pipeline.schedule.analytic import (
     peak_pending_w_bound,
     zb_idle,
 )
-from tests.pipeline.cases import PPS, VPPS
+from tests.pipeline.cases import PPS, VPPS, assert_dependency_order
 
 
 def _kind(vpp: int) -> str:
@@ -45,7 +44,7 @@ def _kind(vpp: int) -> str:
 def _check_order_and_times(s: Schedule, result) -> None:
     """One F, one I, one W per (chunk, mb) on every rank, F < I < W in the list, and the
     dataflow dependencies in simulated time."""
-    pp, v, m = s.pp, s.vpp, s.microbatches
+    v, m = s.vpp, s.microbatches
     want = {k(c, mb) for k in (F, I, W) for c in range(v) for mb in range(m)}
     for acts in s.ranks:
         parts = [p for a in acts for p in computes(a)]
@@ -53,20 +52,7 @@ def _check_order_and_times(s: Schedule, result) -> None:
         pos = {p: i for i, p in enumerate(parts)}
         assert all(pos[F(c, mb)] < pos[I(c, mb)] < pos[W(c, mb)]
                    for c in range(v) for mb in range(m))
-    start, end = {}, {}
-    for r, row in enumerate(result.spans):
-        for sp in row:
-            for p in computes(sp.action):
-                key = (type(p), stage_of(pp, r, p.chunk), p.mb)
-                start[key], end[key] = sp.start, sp.end
-    last = pp * v - 1
-    for (typ, st, mb), t in start.items():
-        if typ is F and st > 0:
-            assert t >= end[(F, st - 1, mb)]
-        if typ is I:
-            assert t >= (end[(I, st + 1, mb)] if st < last else end[(F, st, mb)])
-        if typ is W:
-            assert t >= end[(I, st, mb)]
+    assert_dependency_order(result)
 
 
 GRID = [(pp, v) for pp in PPS for v in VPPS]
