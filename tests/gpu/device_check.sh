@@ -14,7 +14,7 @@
 #               held on a stream, the block freed and asked for again, the
 #               bytes checked) and the timing-free DeviceEvent
 #               (tests/runtime/gpu_check.py stream-reuse);
-#   timing      tests/gpu/flash_attn_timing.py: the flash-attention kernels
+#   timing      bench/flash_attn_gpu.py: the flash-attention kernels
 #               against PyTorch's flash SDPA in the same run, B=4 H=16 D=128
 #               bf16, S in {1024, 4096, 8192}, causal and not, TFLOP/s.
 #
@@ -187,7 +187,7 @@ else  # no GPU, no CMake build here: the interpreter's own paddle_ext._C (make s
   fi
 fi
 if [ -n "$gpu" ]; then
-  run_built flash-timing libpaddle_ext_gpu_kernels.so env PYTHONUNBUFFERED=1 "$PYTHON" tests/gpu/flash_attn_timing.py \
+  run_built flash-timing libpaddle_ext_gpu_kernels.so env PYTHONUNBUFFERED=1 "$PYTHON" bench/flash_attn_gpu.py \
     --lib "$out/libpaddle_ext_gpu_kernels.so" --budget-s "${TIMING_BUDGET_S:-200}"
   if "$PYTHON" -c "import paddle, paddle_ext.ops; assert paddle.device.cuda.device_count() > 0" 2>/dev/null; then
     run_step paddle-gpu-tests "$PYTHON" -m pytest -q tests/gpu
@@ -195,9 +195,9 @@ if [ -n "$gpu" ]; then
     echo "== device_check: no GPU build of Paddle with paddle_ext here: tests/gpu/test_*_gpu.py not run"
   fi
 else
-  run_built ctypes-selftest libpaddle_ext_gpu_kernels.so "$PYTHON" tests/gpu/flash_attn_timing.py \
+  run_built ctypes-selftest libpaddle_ext_gpu_kernels.so "$PYTHON" bench/flash_attn_gpu.py \
     --lib "$out/libpaddle_ext_gpu_kernels.so" --selftest
-  run_step python-syntax "$PYTHON" -m py_compile tests/gpu/flash_attn_timing.py tests/runtime/gpu_check.py
+  run_step python-syntax "$PYTHON" -m py_compile bench/flash_attn_gpu.py tests/runtime/gpu_check.py
   echo "== device_check: flash-timing: skipped: no GPU (it needs torch with CUDA; torch is $("$PYTHON" -c 'import torch; print(torch.__version__)' 2>/dev/null || echo 'not importable') here)"
   step_done flash-timing skipped 0
 fi

@@ -65,6 +65,22 @@ struct FlashShape {
   float scale() const { return 1.f / std::sqrt(static_cast<float>(head_dim)); }
 };
 
+inline FlashShape flash_shape(FloatKind kind, int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hk, int64_t d,
+                       bool causal, float dropout = 0.f, CausalAlign align = CausalAlign::kBottomRight) {
+  FlashShape s;
+  s.kind = kind;
+  s.batch = b;
+  s.seqlen_q = sq;
+  s.seqlen_k = sk;
+  s.heads_q = hq;
+  s.heads_k = hk;
+  s.head_dim = d;
+  s.causal = causal;
+  s.dropout = dropout;
+  s.align = align;
+  return s;
+}
+
 // The kernels' problem; cu_q / cu_k point to host (CPU) or device (GPU) copies.
 inline fa::Problem make_problem(const FlashShape& s, const int32_t* cu_q, const int32_t* cu_k) {
   fa::Problem p;

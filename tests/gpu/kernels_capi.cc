@@ -1,6 +1,6 @@
 // C entry points over the flash-attention GPU kernels, built by
 // tests/gpu/device_check.sh into libpaddle_ext_gpu_kernels.so, for
-// tests/gpu/flash_attn_timing.py to call through ctypes on PyTorch's tensors
+// bench/flash_attn_gpu.py to call through ctypes on PyTorch's tensors
 // and stream (no Paddle, no torch extension to compile). Padded layout
 // [B, S, H, D], lse [B, Hq, Sq]. Every call returns 0, or 1 with the error's
 // text in `error` (a C++ exception never crosses into Python).
@@ -12,7 +12,7 @@
 
 extern "C" {
 
-// Mirrored by flash_attn_timing.FlashArgs (checked there against pe_flash_args_size()).
+// Mirrored by flash_attn_gpu.FlashArgs (checked there against pe_flash_args_size()).
 struct PeFlashArgs {
   int32_t kind;  // 0 float32, 1 float16, 2 bfloat16 (paddle_ext::FloatKind)
   int32_t causal;
@@ -29,16 +29,9 @@ const char* pe_kernels_platform() { return paddle_ext::gpu::kPlatform; }
 namespace {
 
 gpu_check::FlashShape shape_of(const PeFlashArgs& a) {
-  gpu_check::FlashShape s;
-  s.kind = static_cast<paddle_ext::FloatKind>(a.kind);
-  s.causal = a.causal != 0;
-  s.batch = a.batch;
-  s.seqlen_q = a.seqlen_q;
-  s.seqlen_k = a.seqlen_k;
-  s.heads_q = a.heads_q;
-  s.heads_k = a.heads_k;
-  s.head_dim = a.head_dim;
-  s.dropout = a.dropout;
+  gpu_check::FlashShape s = gpu_check::flash_shape(static_cast<paddle_ext::FloatKind>(a.kind), a.batch, a.seqlen_q,
+                                                   a.seqlen_k, a.heads_q, a.heads_k, a.head_dim, a.causal != 0,
+                                                   a.dropout);
   s.seed = a.seed;
   s.offset = a.offset;
   return s;

@@ -242,22 +242,6 @@ struct FlashCase {
   bool reference = true;  // false: too large for the float64 reference (GPU against CPU only)
 };
 
-FlashShape flash_shape(FloatKind kind, int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hk, int64_t d,
-                       bool causal, float dropout = 0.f, CausalAlign align = CausalAlign::kBottomRight) {
-  FlashShape s;
-  s.kind = kind;
-  s.batch = b;
-  s.seqlen_q = sq;
-  s.seqlen_k = sk;
-  s.heads_q = hq;
-  s.heads_k = hk;
-  s.head_dim = d;
-  s.causal = causal;
-  s.dropout = dropout;
-  s.align = align;
-  return s;
-}
-
 // Variable lengths (maxima seqlen_q / seqlen_k are the largest given).
 FlashShape varlen(FlashShape s, const std::vector<int32_t>& lq, const std::vector<int32_t>& lk) {
   s.batch = static_cast<int64_t>(lq.size());

@@ -1,4 +1,4 @@
-"""Flash-attention timing of tests/gpu/device_check.sh: the plugin's CUDA kernels
+"""Flash-attention GPU benchmark, run by tests/gpu/device_check.sh: the plugin's CUDA kernels
 (libpaddle_ext_gpu_kernels.so, through ctypes on PyTorch's tensors and stream)
 against PyTorch's scaled_dot_product_attention on its flash backend, measured
 in the same run, bf16, B=4 H=16 D=128, S in {1024, 4096, 8192}, causal and not.
@@ -11,8 +11,8 @@ Before timing, at the smallest S, the kernels' out / dq / dk / dv are checked
 against PyTorch's (float64 math backend on the same bf16 inputs): a relative
 error over 1e-2 exits 1.
 
-    python tests/gpu/flash_attn_timing.py --lib build/gpu-check/libpaddle_ext_gpu_kernels.so
-    python tests/gpu/flash_attn_timing.py --lib ... --selftest   # no torch, no GPU needed
+    python bench/flash_attn_gpu.py --lib build/gpu-check/libpaddle_ext_gpu_kernels.so
+    python bench/flash_attn_gpu.py --lib ... --selftest   # no torch, no GPU needed
 
 Exit status: 0 done, 1 a mismatch, 77 skipped (no torch with CUDA here).
 --selftest only loads the library and checks the argument struct and the
@@ -25,9 +25,13 @@ from __future__ import annotations
 import argparse
 import ctypes
 import math
+import os
 import sys
 import time
 from typing import Any, Callable
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench.flash_attn_cpu import attention_flops  # noqa: E402
 
 PEAK_TFLOPS = 790.0  # dense bf16 matrix product measured on the H200 (device KINDS.md)
 KIND_BF16 = 2  # paddle_ext::FloatKind::kBFloat16
@@ -93,16 +97,11 @@ def selftest(path: str) -> int:
     try:
         kernels.forward(args, 0, 0, 0, 0, 0, 0)
     except RuntimeError as err:
-        print(f"flash_attn_timing selftest: {path} ({platform}) loads, FlashArgs {ctypes.sizeof(FlashArgs)} B, "
+        print(f"flash_attn_gpu selftest: {path} ({platform}) loads, FlashArgs {ctypes.sizeof(FlashArgs)} B, "
               f"workspace {ws} B; a forward here fails cleanly: {err}")
         return 0
-    print("flash_attn_timing selftest: a forward on null pointers returned success (a GPU is here?)")
+    print("flash_attn_gpu selftest: a forward on null pointers returned success (a GPU is here?)")
     return 0
-
-
-def flops_forward(b: int, h: int, s: int, d: int, causal: bool) -> float:
-    """2 matmuls of 2*S*S*D each per (batch, head); half of them under a causal mask."""
-    return 4.0 * b * h * s * s * d * (0.5 if causal else 1.0)
 
 
 def median_ms(torch: Any, fn: Callable[[], None], budget_s: float, max_reps: int = 20) -> tuple[float, int]:
@@ -212,15 +211,15 @@ def main() -> int:
     try:
         import torch
     except ImportError as err:
-        print(f"flash_attn_timing: skipped: torch is not importable ({err})")
+        print(f"flash_attn_gpu: skipped: torch is not importable ({err})")
         return SKIPPED
     if not torch.cuda.is_available():
-        print("flash_attn_timing: skipped: torch sees no CUDA device")
+        print("flash_attn_gpu: skipped: torch sees no CUDA device")
         return SKIPPED
     kernels = Kernels(args.lib)
     b, h, d = args.batch, args.heads, args.head_dim
     sizes = [int(s) for s in args.sizes.split(",")]
-    print(f"flash_attn_timing on {torch.cuda.get_device_name(0)}, torch {torch.__version__}: bf16 B={b} H={h} "
+    print(f"flash_attn_gpu on {torch.cuda.get_device_name(0)}, torch {torch.__version__}: bf16 B={b} H={h} "
           f"D={d}; TFLOP/s beside the card's ~{PEAK_TFLOPS:.0f} (dense bf16); ours/sdpa = speed ratio")
     failed = 0
     for causal in (False, True):
@@ -238,10 +237,10 @@ def main() -> int:
     for s in sizes:
         for causal in (False, True):
             case = Case(torch, kernels, b, h, s, d, causal)
-            for name, ours, theirs, factor, goal in (
-                    ("fwd", case.ours_forward, case.torch_forward, 1.0, 0.5),
-                    ("fwd+bwd", case.ours_forward_backward, case.torch_forward_backward, 3.5, 0.4)):
-                flops = flops_forward(b, h, s, d, causal) * factor  # backward: 2.5x the forward's matmul work
+            for name, ours, theirs, backward, goal in (
+                    ("fwd", case.ours_forward, case.torch_forward, False, 0.5),
+                    ("fwd+bwd", case.ours_forward_backward, case.torch_forward_backward, True, 0.4)):
+                flops = attention_flops(s, b * h, d, causal, backward)  # flash-attention's own count
                 t_sdpa, _ = median_ms(torch, theirs, 2.0)
                 left = deadline - time.perf_counter()
                 guess = estimate.get((causal, name), 0.0) * (s / min(sizes)) ** 2
