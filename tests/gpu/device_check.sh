@@ -130,9 +130,9 @@ link() {  # PROGRAM-NAME OBJECT-LOG-NAMES... -- NVCC-ARGS...
   fi
 }
 link kernels_check "${object_logs[@]}" kernels_check.cc -- \
-  "$(obj tests/gpu/kernels_check.cc)" "${kernel_objs[@]}" "${cpu_objs[@]}" -o "$out/kernels_check"
+  "$(obj tests/gpu/kernels_check.cc)" "${kernel_objs[@]}" "${cpu_objs[@]}" -ldl -lpthread -o "$out/kernels_check"
 link device_probe "${object_logs[@]}" device_probe.cc -- \
-  "$(obj csrc/tools/device_probe.cc)" "${kernel_objs[@]}" "${cpu_objs[@]}" -o "$out/device_probe"
+  "$(obj csrc/tools/device_probe.cc)" "${kernel_objs[@]}" "${cpu_objs[@]}" -ldl -lpthread -o "$out/device_probe"
 link libpaddle_ext_gpu_kernels.so flash_attn.cu kernels_capi.cc -- \
   -shared "$(obj tests/gpu/kernels_capi.cc)" "$(obj csrc/ops/gpu/flash_attn.cu)" -o "$out/libpaddle_ext_gpu_kernels.so"
 if [ "${#broken[@]}" = 0 ]; then

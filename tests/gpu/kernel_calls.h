@@ -206,6 +206,7 @@ class DeviceBuffer {
   }
   template <class T>
   explicit DeviceBuffer(const std::vector<T>& host) : DeviceBuffer(host.size() * sizeof(T)) {
+    if (bytes_ == 0) return;  // (an empty vector's data() may be null)
     PADDLE_EXT_GPU_CHECK(paddle_ext::gpu::memcpy_to_device_async(ptr_, host.data(), bytes_, nullptr));
     PADDLE_EXT_GPU_CHECK(paddle_ext::gpu::stream_synchronize(nullptr));
   }

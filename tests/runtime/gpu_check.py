@@ -295,6 +295,9 @@ class StreamGate:
 def _native_runtime(native_dir: str | None) -> object:
     """paddle_ext.runtime, with paddle_ext._C taken from native_dir when given
     (the module device_check.sh builds with CMake for the Python at hand)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if root not in sys.path:  # the source tree's package, where it is not installed (the GPU machine)
+        sys.path.insert(0, root)
     import paddle_ext
 
     if native_dir:
