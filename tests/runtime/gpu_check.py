@@ -32,6 +32,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -307,7 +308,8 @@ def _native_runtime(native_dir: str | None) -> object:
     return runtime
 
 
-def stream_reuse(native_dir: str | None = None, nbytes: int = 64 << 20) -> dict:
+def stream_reuse(native_dir: str | None = None, nbytes: int = 64 << 20, backend: str = "cuda",
+                 rt: Any = None) -> dict:
     """Without Paddle: a pinned block that an H2D copy on a raw stream still reads
     is freed and asked for again while the stream is held at a gate. With
     record_event the pool hands out another block and the copy delivers its bytes;
@@ -315,23 +317,29 @@ def stream_reuse(native_dir: str | None = None, nbytes: int = 64 << 20) -> dict:
     overwrite. The timing-free DeviceEvent on that stream: not complete while the
     gate holds it, complete after; another stream's wait() on it orders a copy
     after it on the device; elapsed_time needs timing events. Exit 77 without a
-    usable cuda backend."""
+    usable cuda backend.
+
+    backend / rt: the pool backend and the cudart stand-in; tests run the same
+    logic on "posix" (whose events are the cpu backend's) with a fake runtime
+    whose streams are CpuStreams (tests/runtime/test_gpu_check_logic.py)."""
     runtime = _native_runtime(native_dir)
-    info = runtime.backends().get("cuda")
-    if info is None or not info["usable"]:
-        print(f"stream-reuse: skipped: the cuda backend is {'not built' if info is None else info['reason']}")
-        raise SystemExit(77)
-    rt = cudart()
+    device = "cuda" if backend == "cuda" else "cpu"
+    if backend == "cuda":
+        info = runtime.backends().get("cuda")
+        if info is None or not info["usable"]:
+            print(f"stream-reuse: skipped: the cuda backend is {'not built' if info is None else info['reason']}")
+            raise SystemExit(77)
+    rt = rt if rt is not None else cudart()
     streams = [ctypes.c_void_p(), ctypes.c_void_p()]
     for st in streams:
         check(rt.cudaStreamCreateWithFlags(ctypes.byref(st), 1), "cudaStreamCreateWithFlags")  # non-blocking
     stream, other = (int(st.value) for st in streams)
     dst = ctypes.c_void_p()
     check(rt.cudaMalloc(ctypes.byref(dst), nbytes), "cudaMalloc")
-    pool = runtime.PinnedPool("cuda", max_cached_bytes=None)
+    pool = runtime.PinnedPool(backend, max_cached_bytes=None)
     # Pinned, so that the read-back below is queued, not done at once (a pageable
     # one would block the host behind the gate), and from another pool.
-    host = runtime.PinnedPool("cuda").empty(nbytes, np.uint8)
+    host = runtime.PinnedPool(backend).empty(nbytes, np.uint8)
     # Two blocks' chunks made now and cached, so that no cudaHostAlloc (which
     # may wait for the device) runs while a stream is held at the gate.
     warm = [pool.empty(nbytes, np.uint8) for _ in range(2)]
@@ -346,7 +354,7 @@ def stream_reuse(native_dir: str | None = None, nbytes: int = 64 << 20) -> dict:
         check(rt.cudaMemcpyAsync(dst.value, ptr, nbytes, H2D, stream), "cudaMemcpyAsync")
         if gated and not pool.record_event(src, stream):
             failures.append("record_event returned False for a pool block")
-        done = runtime.Event("cuda")  # timing-free
+        done = runtime.Event(device)  # timing-free
         done.record(stream)
         pending = not done.query()
         del src  # freed while the copy waits behind the gate
@@ -370,14 +378,14 @@ def stream_reuse(native_dir: str | None = None, nbytes: int = 64 << 20) -> dict:
         failures.append(f"with record_event: reused {g['reused']}, copy delivered {g['copied']} (want not reused, [7])")
     if u["reused"] and u["copied"] != [9]:
         failures.append(f"reference: the block was reused but the copy delivered {u['copied']}: the gate did not hold it")
-    timing_free = runtime.Event("cuda")
+    timing_free = runtime.Event(device)
     timing_free.record(stream)
     try:  # refused by DeviceEvent before any runtime call (ValueError), not by CUDA
         timing_free.elapsed_time(timing_free)
         failures.append("elapsed_time on timing-free events did not raise")
     except ValueError as err:
         results["timing_free_elapsed"] = str(err).splitlines()[0][:80]
-    start, end = runtime.Event("cuda", enable_timing=True), runtime.Event("cuda", enable_timing=True)
+    start, end = runtime.Event(device, enable_timing=True), runtime.Event(device, enable_timing=True)
     start.record(stream)
     check(rt.cudaMemcpyAsync(dst.value, host.ctypes.data, nbytes, H2D, stream), "cudaMemcpyAsync")
     end.record(stream)
