@@ -4,7 +4,8 @@
 # with the device tool, what it prints, how long it takes):
 #
 #   kernels     tests/gpu/kernels_check.cc: flash attention forward / backward
-#               (padded, varlen, causal, GQA / MQA, dropout mask and replay,
+#               (padded, varlen, causal in both alignments, GQA / MQA, dropout
+#               mask and replay,
 #               f32 / f16 / bf16), fused rotary, c_embedding, each GPU kernel
 #               against the CPU kernel built from this tree, and the CPU kernel
 #               against a float64 reference;

@@ -4,9 +4,8 @@
 // for the torch timing through ctypes). No Paddle header.
 //
 // This file is the ONE place that uses csrc/ops/flash_attn.h's signatures and
-// its Problem fields: another branch (h15-flash) adds Paddle's top-left causal
-// alignment beside the bottom-right one and may change them; adapt
-// make_problem() and the flash_* wrappers below, nothing else.
+// its Problem fields: when they change, adapt make_problem() and the flash_*
+// wrappers below, nothing else.
 #pragma once
 
 #include <cmath>
@@ -25,15 +24,17 @@ using paddle_ext::FloatKind;
 
 // ---- flash attention: shapes, and the calls ---------------------------------
 
-// Which corner the causal mask is aligned to: bottom-right (key j visible from
-// query i iff j <= i + Lk - Lq, flash-attention >= 2.1, what flash_attn.h does
-// now) or top-left (j <= i, Paddle's flash_attn_unpadded and PyTorch's
-// is_causal). They differ only when Lq != Lk.
+// Which corner the causal mask is aligned to: top-left (key j visible from
+// query i iff j <= i: Paddle's FlashAttention-2 fork, its CPU math path and
+// PyTorch's is_causal; flash_attn.h's default) or bottom-right (j <= i + Lk -
+// Lq, flash-attention >= 2.1: Problem::causal_bottom_right). They differ only
+// when Lq != Lk.
 enum class CausalAlign { kBottomRight, kTopLeft };
 
-// Whether the kernels of this tree take a top-left causal mask. TODO(h15-flash):
-// true, and set the field in make_problem(), once flash_attn.h has it.
-inline constexpr bool kHasTopLeftCausal = false;
+// Whether the kernels of this tree take a top-left causal mask (Problem::
+// causal_bottom_right = false); kernels_check prints its top-left cases as
+// TODO rows where they do not.
+inline constexpr bool kHasTopLeftCausal = true;
 
 struct FlashShape {
   FloatKind kind = FloatKind::kFloat32;
@@ -95,6 +96,7 @@ inline fa::Problem make_problem(const FlashShape& s, const int32_t* cu_q, const 
   p.total_k = s.total_k();
   p.scale = s.scale();
   p.causal = s.causal;
+  p.causal_bottom_right = s.align == CausalAlign::kBottomRight;
   p.dropout = s.dropout;
   p.seed = s.seed;
   p.offset = s.offset;
