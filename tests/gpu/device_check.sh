@@ -5,8 +5,7 @@
 #
 #   kernels     tests/gpu/kernels_check.cc: flash attention forward / backward
 #               (padded, varlen, causal in both alignments, GQA / MQA, dropout
-#               mask and replay,
-#               f32 / f16 / bf16), fused rotary, c_embedding, each GPU kernel
+#               mask and replay, f32 / f16 / bf16), fused rotary, c_embedding, each GPU kernel
 #               against the CPU kernel built from this tree, and the CPU kernel
 #               against a float64 reference;
 #   c_embedding csrc/tools/device_probe.cc: GPU against CPU bytes, id check;
