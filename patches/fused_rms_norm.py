@@ -4,17 +4,18 @@ bug (#73227), fused_rms_norm_ext for inputs of any rank and bfloat16.
 
 paddle.incubate.nn.functional.fused_rms_norm_ext (PaddleFormers' RMSNorm with its
 default fuse_rms_norm=True) has GPU and XPU kernels only: on CPU every call fails
-with "The kernel fused_rms_norm_ext is not registered". fused_rms_norm has a
+with "The kernel fused_rms_norm_ext is not registered". On 3.3.1 fused_rms_norm has a
 float32 CPU forward (fused_rms_norm_quant) but no backward there, and no
-float16 / bfloat16 kernel. This unit serves, for CPU tensors in dynamic mode:
+float16 / bfloat16 kernel; on 2.6.2 no CPU kernel at all. This unit serves, for CPU tensors in dynamic mode:
 
 - fused_rms_norm_ext and fused_rms_norm_ext_grad: paddle_ext.ops' kernels
   (float32, float16, bfloat16; y in the weight's dtype, invvar float32 [rows],
   as on the GPU);
-- fused_rms_norm without bias, residual or int8 quantisation: float32 keeps
-  Paddle's own forward values, bit for bit, with gradients from the plugin's
-  backward kernel when an input needs them; float16 / bfloat16 run the plugin's
-  kernels. Every other combination (bias or residual to fuse, quant_scale > 0,
+- fused_rms_norm without bias, residual or int8 quantisation: where Paddle has
+  a float32 CPU forward (3.3.1) float32 keeps Paddle's forward values, bit for
+  bit, with gradients from the plugin's backward kernel when an input needs
+  them; float16 / bfloat16, and float32 where Paddle has no CPU kernel (2.6.2,
+  whose fused_rms_norm calls _C_ops.rms_norm), run the plugin's kernels. Every other combination (bias or residual to fuse, quant_scale > 0,
   other dtypes, shapes Paddle refuses) goes to Paddle, which answers or raises
   as before.
 
@@ -92,7 +93,7 @@ def _quant(original):
             return original(*call)
         from paddle_ext.ops._checks import dtype_name
 
-        if dtype_name(x) != "float32":  # Paddle has no CPU kernel for these
+        if dtype_name(x) != "float32" or not _paddle_computes_float32(original):
             return plugin.fused_rms_norm(x, norm_weight, norm_bias, epsilon, begin_norm_axis)
         import paddle
 
@@ -112,7 +113,17 @@ def _quant(original):
     return fused_rms_norm_quant
 
 
-WRAPPERS = {"fused_rms_norm_ext": _ext, "fused_rms_norm_ext_grad": _ext_grad, "fused_rms_norm_quant": _quant}
+@functools.cache
+def _paddle_computes_float32(original) -> bool:
+    """Whether Paddle's own op has a float32 CPU forward (3.3.1 does; 2.6.2 has no
+    CPU kernel at all, and then the plugin serves float32 too). Asked once."""
+    import paddle
+
+    try:
+        original(paddle.ones([1, 2]), None, None, paddle.ones([2]), None, 1e-5, 1, -1.0, 0, 0.0, 0.0)
+    except Exception:  # noqa: BLE001 - any refusal means: no kernel here
+        return False
+    return True
 
 
 def owner():
@@ -121,16 +132,25 @@ def owner():
     return paddle._C_ops
 
 
-def present() -> list[str]:
-    """The ops of WRAPPERS this Paddle has (2.6 has none of them)."""
+def wrappers() -> dict:
+    """{name in paddle._C_ops: wrapper factory} for the ops this Paddle has
+    (2.6 has no fused_rms_norm_ext; its fused_rms_norm calls rms_norm)."""
+    targets = {"fused_rms_norm_ext": _ext, "fused_rms_norm_ext_grad": _ext_grad}
+    quant = compat.fused_rms_norm_op_name()
+    if quant is not None:
+        targets[quant] = _quant
     module = owner()
-    return [name for name in WRAPPERS if hasattr(module, name)]
+    return {name: factory for name, factory in targets.items() if hasattr(module, name)}
+
+
+def present() -> list[str]:
+    return list(wrappers())
 
 
 def _apply(patcher: Patcher) -> None:
     module = owner()
-    for name in present():
-        wrapper = WRAPPERS[name](getattr(module, name))
+    for name, factory in wrappers().items():
+        wrapper = factory(getattr(module, name))
         wrapper.__paddle_ext_unit__ = MARK
         patcher.swap(module, name, wrapper)
 

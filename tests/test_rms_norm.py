@@ -8,11 +8,13 @@ import pytest
 
 import paddle_ext
 import paddle_ext.ops as ops
+from paddle_ext import compat
 from paddle_ext.patches import fused_rms_norm as unit
 
 F = paddle.incubate.nn.functional
 HAS_EXT = hasattr(paddle._C_ops, "fused_rms_norm_ext")
-HAS_QUANT = hasattr(paddle._C_ops, "fused_rms_norm_quant")
+QUANT_OP = compat.fused_rms_norm_op_name()
+HAS_QUANT = QUANT_OP is not None
 # float32 bounds come from the issue; the half-precision ones are a few roundings
 # of their 8 (bfloat16) and 11 (float16) bit mantissas.
 TOLERANCE = {"float32": 1e-6, "float16": 2e-3, "bfloat16": 1.6e-2}
@@ -235,9 +237,29 @@ def test_stock_paddle_has_no_cpu_kernel_and_enabling_serves_both_import_styles()
     assert np.array_equal(dx.numpy(), x.grad.numpy()) and np.array_equal(dw.numpy(), w.grad.numpy())
 
 
+def stock_float32_forward():
+    try:
+        return F.fused_rms_norm(paddle.ones([1, 2]), paddle.ones([2]), None, 1e-5, 1)
+    except RuntimeError:
+        return None
+
+
+def test_fused_rms_norm_float32_where_paddle_has_no_cpu_kernel_runs_the_plugin():
+    if not HAS_QUANT or stock_float32_forward() is not None:
+        pytest.skip("this Paddle computes fused_rms_norm's float32 forward on CPU")
+    x, w, g = tensors([2, 3, 16], 48, "float32")
+    with pytest.raises(RuntimeError, match="not registered"):
+        F.fused_rms_norm(x, w, None, 1e-6, 1)
+    paddle_ext.enable()
+    out, _ = F.fused_rms_norm(x, w, None, 1e-6, 1)
+    paddle.autograd.backward([out], [g])
+    ry, _, rdx, rdw = reference(as_f64(x), as_f64(w), as_f64(g), 1e-6, 48)
+    assert rel(out.numpy(), ry) < 1e-6 and rel(x.grad.numpy(), rdx) < 1e-6 and rel(w.grad.numpy(), rdw) < 1e-6
+
+
 def test_fused_rms_norm_float32_keeps_paddles_forward_bits_and_gains_a_backward():
-    if not HAS_QUANT:
-        pytest.skip("this Paddle has no fused_rms_norm_quant")
+    if not HAS_QUANT or stock_float32_forward() is None:
+        pytest.skip("this Paddle has no float32 CPU forward for fused_rms_norm")
     x, w, g = tensors([2, 3, 16], 48, "float32")
     b = paddle.to_tensor(np.linspace(-1, 1, 48).astype("float32"))
     b.stop_gradient = False
