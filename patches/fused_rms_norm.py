@@ -163,15 +163,7 @@ def _verify() -> bool:
 def _unavailable() -> str | None:
     if not present():
         return "this Paddle has no fused_rms_norm_ext / fused_rms_norm_quant ops"
-    try:
-        _library.load()
-    except _library.OpLibraryError as err:
-        return str(err)
-    built = (_library.build_info() or {}).get("ops", [])
-    lacking = [op for op in OPS if op not in built]
-    if lacking:
-        return f"paddle_ext's op library lacks {', '.join(lacking)}: reinstall paddle-ext"
-    return None
+    return _library.unavailable(OPS)
 
 
 UNIT = PatchUnit(
