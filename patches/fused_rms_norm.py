@@ -74,10 +74,10 @@ def _plain_case(x, bias, residual, norm_weight, norm_bias, begin_norm_axis, quan
         return False
     if dtype_name(x) not in plugin.FLOAT_DTYPES or not isinstance(begin_norm_axis, int):
         return False
-    if not 0 <= begin_norm_axis < x.ndim:
+    if not -x.ndim <= begin_norm_axis < x.ndim:  # negative as 3.3's Python function reads it (2.6's passes it on)
         return False
     cols = 1
-    for d in x.shape[begin_norm_axis:]:
+    for d in x.shape[begin_norm_axis % x.ndim:]:
         cols *= int(d)
     return all(t is None or (dtype_name(t) == dtype_name(x) and list(t.shape) == [cols])
                for t in (norm_weight, norm_bias))

@@ -19,6 +19,7 @@ from paddle_ext.patches import (
 )
 
 MISSING = object()
+pytestmark = pytest.mark.usefixtures("clean_series")
 
 
 def patched_attributes():
@@ -47,14 +48,6 @@ def patched_attributes():
     if compat.upstream_schedule_node_classes() is None:  # 2.6, 3.0: the unit adds them
         owners += [(compat.meta_parallel_module(), name) for name in ("ScheduleNode", "ScheduleChunk")]
     return {(id(o), name): vars(o).get(name, MISSING) for o, name in owners}
-
-
-@pytest.fixture(autouse=True)
-def clean_series(monkeypatch):
-    monkeypatch.delenv("PADDLE_EXT_PATCHES", raising=False)
-    paddle_ext.disable()
-    yield
-    paddle_ext.disable()
 
 
 def statuses():

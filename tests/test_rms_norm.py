@@ -12,20 +12,13 @@ from paddle_ext import compat
 from paddle_ext.patches import fused_rms_norm as unit
 
 F = paddle.incubate.nn.functional
+pytestmark = pytest.mark.usefixtures("clean_series")
 HAS_EXT = hasattr(paddle._C_ops, "fused_rms_norm_ext")
 QUANT_OP = compat.fused_rms_norm_op_name()
 HAS_QUANT = QUANT_OP is not None
 # float32 bounds come from the issue; the half-precision ones are a few roundings
 # of their 8 (bfloat16) and 11 (float16) bit mantissas.
 TOLERANCE = {"float32": 1e-6, "float16": 2e-3, "bfloat16": 1.6e-2}
-
-
-@pytest.fixture(autouse=True)
-def clean_series(monkeypatch):
-    monkeypatch.delenv("PADDLE_EXT_PATCHES", raising=False)
-    paddle_ext.disable()
-    yield
-    paddle_ext.disable()
 
 
 # ----------------------------------------------------------------- reference

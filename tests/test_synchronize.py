@@ -8,15 +8,8 @@ import paddle_ext
 from paddle_ext import compat
 from paddle_ext.patches import device_synchronize
 
-pytestmark = pytest.mark.skipif(compat.device_build() != "cpu", reason="the unit applies to CPU builds only")
-
-
-@pytest.fixture(autouse=True)
-def clean_series(monkeypatch):
-    monkeypatch.delenv("PADDLE_EXT_PATCHES", raising=False)
-    paddle_ext.disable()
-    yield
-    paddle_ext.disable()
+pytestmark = [pytest.mark.skipif(compat.device_build() != "cpu", reason="the unit applies to CPU builds only"),
+              pytest.mark.usefixtures("clean_series")]
 
 
 def stock_error(call):
