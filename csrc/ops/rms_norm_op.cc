@@ -9,35 +9,23 @@
 #include <vector>
 
 #include "paddle/extension.h"
+#include "common/tensor_kind.h"
 #include "rms_norm.h"
 
 namespace {
 
 namespace rn = paddle_ext::rms_norm;
-using paddle_ext::FloatKind;
+using paddle_ext::float_kind;
 using OptTensor = paddle::optional<paddle::Tensor>;
 using Shape = std::vector<int64_t>;
 using OptShape = paddle::optional<Shape>;
 using OptDtype = paddle::optional<paddle::DataType>;
 
-FloatKind float_kind(const paddle::Tensor& t, const char* name) {
-  switch (t.dtype()) {
-    case paddle::DataType::FLOAT32:
-      return FloatKind::kFloat32;
-    case paddle::DataType::FLOAT16:
-      return FloatKind::kFloat16;
-    case paddle::DataType::BFLOAT16:
-      return FloatKind::kBFloat16;
-    default:
-      PD_THROW("pe_rms_norm: ", name, " must be float32, float16 or bfloat16");
-  }
-}
-
 rn::Problem describe(const paddle::Tensor& x, const paddle::Tensor& weight, float epsilon) {
   PD_CHECK(x.is_cpu() && weight.is_cpu(), "pe_rms_norm: x and weight must be CPU tensors (no GPU kernel)");
   rn::Problem p;
-  p.x_kind = float_kind(x, "x");
-  p.weight_kind = float_kind(weight, "weight");
+  p.x_kind = float_kind(x, "pe_rms_norm: x");
+  p.weight_kind = float_kind(weight, "pe_rms_norm: weight");
   p.cols = weight.numel();
   PD_CHECK(p.cols > 0, "pe_rms_norm: weight must not be empty");
   PD_CHECK(x.numel() % p.cols == 0, "pe_rms_norm: x's trailing elements must match weight (", p.cols, ")");
