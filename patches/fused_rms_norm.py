@@ -46,10 +46,18 @@ def _on_cpu(*tensors) -> bool:
         isinstance(t, paddle.Tensor) and t.place.is_cpu_place() for t in tensors if t is not None)
 
 
+def _kernel_dtypes(*tensors) -> bool:
+    """Whether the plugin's kernel takes these dtypes (others, float64 say, stay
+    Paddle's, with Paddle's error)."""
+    from paddle_ext.ops._checks import dtype_name
+
+    return all(dtype_name(t) in plugin.FLOAT_DTYPES for t in tensors)
+
+
 def _ext(original):
     @functools.wraps(original)
     def fused_rms_norm_ext(x, scale, epsilon=1e-5, *args):
-        if not args and _on_cpu(x, scale):
+        if not args and _on_cpu(x, scale) and _kernel_dtypes(x, scale):
             return plugin.fused_rms_norm_ext(x, scale, epsilon)
         return original(x, scale, epsilon, *args)
 
@@ -59,7 +67,7 @@ def _ext(original):
 def _ext_grad(original):
     @functools.wraps(original)
     def fused_rms_norm_ext_grad(x, scale, invvar, y_grad, epsilon, *args):
-        if not args and _on_cpu(x, scale, invvar, y_grad):
+        if not args and _on_cpu(x, scale, invvar, y_grad) and _kernel_dtypes(x, scale, y_grad):
             return plugin.rms_norm_grad(x, scale, y_grad, epsilon, inv_var=invvar)
         return original(x, scale, invvar, y_grad, epsilon, *args)
 
@@ -72,7 +80,7 @@ def _plain_case(x, bias, residual, norm_weight, norm_bias, begin_norm_axis, quan
 
     if bias is not None or residual is not None or quant_scale > 0 or not _on_cpu(x, norm_weight, norm_bias):
         return False
-    if dtype_name(x) not in plugin.FLOAT_DTYPES or not isinstance(begin_norm_axis, int):
+    if not _kernel_dtypes(x) or not isinstance(begin_norm_axis, int):
         return False
     if not -x.ndim <= begin_norm_axis < x.ndim:  # negative as 3.3's Python function reads it (2.6's passes it on)
         return False

@@ -250,6 +250,18 @@ def test_fused_rms_norm_float32_where_paddle_has_no_cpu_kernel_runs_the_plugin()
     assert rel(out.numpy(), ry) < 1e-6 and rel(x.grad.numpy(), rdx) < 1e-6 and rel(w.grad.numpy(), rdw) < 1e-6
 
 
+def test_ext_in_a_dtype_the_kernel_lacks_keeps_paddles_error():
+    if not HAS_EXT:
+        pytest.skip("this Paddle has no fused_rms_norm_ext")
+    x, w = paddle.ones([2, 4], "float64"), paddle.ones([4], "float64")
+    with pytest.raises(RuntimeError) as stock:
+        F.fused_rms_norm_ext(x, w)
+    paddle_ext.enable()
+    with pytest.raises(RuntimeError) as patched:
+        F.fused_rms_norm_ext(x, w)
+    assert str(patched.value) == str(stock.value)
+
+
 def test_fused_rms_norm_float32_keeps_paddles_forward_bits_and_gains_a_backward():
     if not HAS_QUANT or stock_float32_forward() is None:
         pytest.skip("this Paddle has no float32 CPU forward for fused_rms_norm")
