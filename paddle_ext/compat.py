@@ -378,3 +378,43 @@ def hybrid_communicate_group_class():
     from paddle.distributed.fleet.base.topology import HybridCommunicateGroup
 
     return HybridCommunicateGroup
+
+
+def current_expected_place() -> Any:
+    """The place new tensors go to (paddle.set_device's): _current_expected_place_
+    on 3.x, _current_expected_place on 2.6."""
+    from paddle import framework
+
+    getter = getattr(framework, "_current_expected_place_", None) or framework._current_expected_place
+    return getter()
+
+
+def place_from_string(device: str) -> Any:
+    """A device string ("cpu", "gpu:0") as the place paddle.device.synchronize reads it."""
+    import paddle
+
+    return paddle.device._convert_to_place(device)
+
+
+def is_cpu_place(place: Any) -> bool:
+    """CPUPlace, or a generic Place that holds the CPU (both releases have both)."""
+    from paddle.base import core
+
+    if isinstance(place, core.CPUPlace):
+        return True
+    return isinstance(place, core.Place) and place.is_cpu_place()
+
+
+def fused_rms_norm_op_name() -> str | None:
+    """The paddle._C_ops function behind paddle.incubate.nn.functional.fused_rms_norm
+    (x, bias, residual, norm_weight, norm_bias, epsilon, begin_norm_axis, quant...):
+    fused_rms_norm_quant on 3.3, which gave the name rms_norm to the op of the new
+    paddle.nn.functional.rms_norm (#76920, #76930); rms_norm before (2.6)."""
+    import paddle
+
+    for name in ("fused_rms_norm_quant", "rms_norm"):
+        if hasattr(paddle._C_ops, name):
+            if name == "rms_norm" and hasattr(paddle.nn.functional, "rms_norm"):
+                return None  # the new op only: this release's fused_rms_norm calls something else
+            return name
+    return None

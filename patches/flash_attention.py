@@ -88,15 +88,7 @@ def _unavailable() -> str | None:
     missing = [n for n in NAMES if not hasattr(module, n)]
     if missing:
         return f"{MODULE} has no {', '.join(missing)}"
-    try:
-        _library.load()
-    except _library.OpLibraryError as err:
-        return str(err)
-    built = (_library.build_info() or {}).get("ops", [])
-    lacking = [op for op in OPS if op not in built]
-    if lacking:
-        return f"paddle_ext's op library lacks {', '.join(lacking)}: reinstall paddle-ext"
-    return None
+    return _library.unavailable(OPS)
 
 
 UNIT = PatchUnit(

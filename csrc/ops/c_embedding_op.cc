@@ -4,25 +4,14 @@
 #include <vector>
 
 #include "c_embedding.h"
+#include "common/tensor_kind.h"
 #include "paddle/extension.h"
 
 namespace {
 
 using paddle_ext::FloatKind;
+using paddle_ext::float_kind;
 using paddle_ext::c_embedding::BadId;
-
-FloatKind float_kind(const paddle::Tensor& t) {
-  switch (t.dtype()) {
-    case paddle::DataType::FLOAT32:
-      return FloatKind::kFloat32;
-    case paddle::DataType::FLOAT16:
-      return FloatKind::kFloat16;
-    case paddle::DataType::BFLOAT16:
-      return FloatKind::kBFloat16;
-    default:
-      PD_THROW("pe_c_embedding: weight dtype must be float32, float16 or bfloat16");
-  }
-}
 
 void check_ids(const paddle::Tensor& ids, int64_t vocab_size) {
   BadId bad;
@@ -49,7 +38,7 @@ std::vector<paddle::Tensor> CEmbeddingForward(const paddle::Tensor& weight, cons
   PD_CHECK(weight.shape().size() == 2, "pe_c_embedding: weight must be 2-D");
   PD_CHECK(ids.dtype() == paddle::DataType::INT32 || ids.dtype() == paddle::DataType::INT64,
            "pe_c_embedding: ids must be int32 or int64");
-  float_kind(weight);
+  float_kind(weight, "pe_c_embedding: weight");
   check_ids(ids, vocab_size);
 
   const int64_t rows = weight.shape()[0];
@@ -89,7 +78,7 @@ std::vector<paddle::Tensor> CEmbeddingForward(const paddle::Tensor& weight, cons
 std::vector<paddle::Tensor> CEmbeddingBackward(const paddle::Tensor& weight, const paddle::Tensor& ids,
                                                const paddle::Tensor& out_grad, int64_t start_index,
                                                int64_t vocab_size) {
-  const FloatKind kind = float_kind(weight);
+  const FloatKind kind = float_kind(weight, "pe_c_embedding: weight");
   const int64_t rows = weight.shape()[0];
   const int64_t width = weight.shape()[1];
   const int64_t n = ids.numel();

@@ -50,6 +50,20 @@ def load() -> ctypes.CDLL:
     return ctypes.CDLL(LIBRARY)
 
 
+def unavailable(ops: tuple[str, ...]) -> str | None:
+    """Why the library cannot serve `ops` here (not built, built for another
+    Paddle, or built without them), or None."""
+    try:
+        load()
+    except OpLibraryError as err:
+        return str(err)
+    built = (build_info() or {}).get("ops", [])
+    lacking = [op for op in ops if op not in built]
+    if lacking:
+        return f"paddle_ext's op library lacks {', '.join(lacking)}: reinstall paddle-ext"
+    return None
+
+
 def run(op_name: str, *args: Any) -> list:
     load()
     return compat.run_custom_op(op_name, *args)
