@@ -378,3 +378,19 @@ def hybrid_communicate_group_class():
     from paddle.distributed.fleet.base.topology import HybridCommunicateGroup
 
     return HybridCommunicateGroup
+
+
+def pipeline_dataset_preprocessor_classes() -> tuple:
+    """(PipelineDatasetPreprocessor,) where Paddle has it (3.x: the callable a trainer
+    passes as forward_backward_pipeline's data), () on 2.6."""
+    from paddle.distributed.fleet.meta_parallel import pipeline_parallel
+
+    cls = getattr(pipeline_parallel, "PipelineDatasetPreprocessor", None)
+    return (cls,) if cls is not None else ()
+
+
+def grad_enabled() -> bool:
+    """Whether the dygraph tracer records gradients (paddle.no_grad() switches it off)."""
+    from paddle.base import framework
+
+    return bool(framework._dygraph_tracer()._has_grad)
