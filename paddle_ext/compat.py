@@ -394,3 +394,28 @@ def grad_enabled() -> bool:
     from paddle.base import framework
 
     return bool(framework._dygraph_tracer()._has_grad)
+
+
+def current_expected_place() -> Any:
+    """The place new tensors go to (paddle.set_device's): _current_expected_place_
+    on 3.x, _current_expected_place on 2.6."""
+    from paddle import framework
+
+    getter = getattr(framework, "_current_expected_place_", None) or framework._current_expected_place
+    return getter()
+
+
+def place_from_string(device: str) -> Any:
+    """A device string ("cpu", "gpu:0") as the place paddle.device.synchronize reads it."""
+    import paddle
+
+    return paddle.device._convert_to_place(device)
+
+
+def is_cpu_place(place: Any) -> bool:
+    """CPUPlace, or a generic Place that holds the CPU (both releases have both)."""
+    from paddle.base import core
+
+    if isinstance(place, core.CPUPlace):
+        return True
+    return isinstance(place, core.Place) and place.is_cpu_place()
