@@ -43,6 +43,7 @@ equal by construction, only the timing differs.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import time
@@ -174,6 +175,9 @@ class GradReducer:
         self._records: dict[int, BucketRecord] = {}
         self.last: Optional[SyncStats] = None
         self._broadcast_parameters()
+        # Worker threads end before the interpreter finalizes (a daemon thread still in a
+        # gloo wait during finalization aborted the process with SIGABRT).
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     @classmethod
     def for_engine(cls, layers: Any, hcg: Any, microbatches: int, delay_scale_loss: bool,
@@ -422,6 +426,12 @@ class GradReducer:
                 rec.tickets = []
             out.append(rec)
         return out
+
+
+def _close_at_exit(reducer: Callable[[], Optional[GradReducer]]) -> None:
+    live = reducer()
+    if live is not None:
+        live.close()
 
 
 def _find_in_chain(optimizer: Any, attr: str) -> Any:

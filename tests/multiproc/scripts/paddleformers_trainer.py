@@ -30,8 +30,6 @@ import paddle.distributed as dist
 
 import paddle_ext
 
-if os.environ.get("H14_TMP_UNFUSED"):  # TEMPORARY until the synchronize unit lands
-    paddle.device.synchronize = lambda *a, **k: None
 paddle_ext.enable()  # before PaddleFormers sets up fleet: the plugin's engine serves fleet.distributed_model
 
 from paddleformers.trainer import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
@@ -143,7 +141,7 @@ def training_args(name, cfg, out_dir, **extra):
         max_grad_norm=0.0, logging_steps=1, save_strategy="no", seed=SEED, dataloader_shuffle=False,
         disable_tqdm=True, report_to="none", pipeline_model_parallel_size=2,
         tensor_model_parallel_size=tp, sharding_parallel_size=sharding,
-        sharding="stage1" if sharding > 1 else "",
+        sharding="stage1" if sharding > 1 else "", split_param=False,
         forward_backward_overlap_scheduler=cfg.get("forward_backward_overlap_scheduler", False),
         dp_comm_overlap=cfg.get("dp_comm_overlap", False), do_train=True, amp_master_grad=False,
     )
@@ -156,7 +154,8 @@ def reference_run(config, cfg, dataset, steps):
     ref = reference_model(config)
     opt = paddle.optimizer.AdamW(LR, parameters=ref.parameters(), weight_decay=0.0,
                                  beta1=0.9, beta2=0.999, epsilon=1e-8)
-    per_step = cfg["acc"] * cfg.get("dp", 1) * cfg.get("sharding", 1)
+    replicas = cfg.get("dp", 1) * cfg.get("sharding", 1)
+    per_step = cfg["acc"] * replicas
     losses = []
     for step in range(steps):
         total = paddle.zeros([])
@@ -168,9 +167,12 @@ def reference_run(config, cfg, dataset, steps):
             loss = out[0] if isinstance(out, (tuple, list)) else out.loss
             loss.backward()
             total += loss.detach()
-        for p in ref.parameters():
-            if p.grad is not None:
-                p.grad.scale_(1.0 / per_step)
+        with paddle.no_grad():  # as the engine's reduction (1 / replicas) and the Trainer (1 / acc) scale
+            for p in ref.parameters():
+                if p.grad is not None:
+                    if replicas > 1:
+                        p.grad.scale_(1.0 / replicas)
+                    p.grad.scale_(1.0 / cfg["acc"])
         opt.step()
         opt.clear_grad()
         losses.append(float(total.numpy()) / per_step)
@@ -178,36 +180,19 @@ def reference_run(config, cfg, dataset, steps):
 
 
 def compare(pipe, ref, mapping):
+    """Max relative difference per parameter of this rank (its tensor-parallel slice of
+    the reference where it holds one)."""
     ref_state = ref.state_dict()
     worst = {}
     for pipe_key, tensor in paddle.nn.Layer.state_dict(pipe).items():
-        want = ref_state[mapping[pipe_key]].numpy().astype(np.float64)
+        want = ref_state[mapping[pipe_key]]
+        if tuple(want.shape) != tuple(tensor.shape):
+            want = tp_slice(want, tensor, pipe_key)
+        want = want.numpy().astype(np.float64)
         got = tensor.numpy().astype(np.float64)
-        if got.shape != want.shape:
-            got_full = tp_gather(tensor)
-            got = got_full.astype(np.float64)
         scale = max(np.max(np.abs(want)), 1e-30)
         worst[pipe_key] = float(np.max(np.abs(got - want)) / scale)
     return worst
-
-
-def tp_gather(tensor):
-    from paddle.distributed import fleet
-
-    hcg = fleet.get_hybrid_communicate_group()
-    parts = []
-    dist.all_gather(parts, tensor, group=hcg.get_model_parallel_group())
-    axis = next(a for a in range(tensor.ndim) if True)  # replaced below
-    full_shape = None
-    for a in range(tensor.ndim):
-        full_shape = a
-    del axis, full_shape
-    return np.concatenate([p.numpy() for p in parts], axis=_split_axis(tensor))
-
-
-def _split_axis(tensor):
-    return 0 if getattr(tensor, "is_distributed", False) and tensor.ndim == 1 else (
-        1 if getattr(tensor, "split_axis", 1) == 1 else 0)
 
 
 def train(name, cfg, out_dir, dataset, resume=None, max_steps=STEPS, save_steps=None):
@@ -235,6 +220,8 @@ def main():
     result = {"config": name, "losses": losses, "ref_losses": ref_losses,
               "params": compare(pipe, ref, mapping),
               "engine": type(trainer.model_wrapped).__mro__[1].__name__,
+              "dp_comm_overlap": trainer.model_wrapped._dp_comm_overlap,
+              "sharding_comm_overlap": trainer.model_wrapped._sharding_comm_overlap,
               "fleet_classes": [c.__name__ for c in type(trainer.model_wrapped).__mro__]}
     if name == "r":
         result.update(evaluate_and_resume(trainer, cfg, out_dir, dataset, config))
