@@ -419,3 +419,13 @@ def is_cpu_place(place: Any) -> bool:
     if isinstance(place, core.CPUPlace):
         return True
     return isinstance(place, core.Place) and place.is_cpu_place()
+
+
+def c_concat_owners() -> list:
+    """Modules whose `c_concat` (3.x signature: x, rank, nranks, ring_id, use_calc_stream,
+    use_model_parallel) fleet's mp_ops._c_concat calls in dygraph: 3.x's _C_ops; 2.6
+    calls _legacy_C_ops with attribute pairs, left alone."""
+    import paddle
+
+    ops = getattr(paddle, "_C_ops", None)
+    return [ops] if paddle_version()[0] >= 3 and ops is not None and hasattr(ops, "c_concat") else []

@@ -58,6 +58,9 @@ def model_config(cfg, tp):
     if cfg.get("vpp", 1) > 1:
         config.virtual_pipeline_model_parallel_size = cfg["vpp"]
     config.tensor_model_parallel_size = tp
+    # Gathered logits and the plain cross entropy: Paddle's parallel cross entropy
+    # (c_softmax_with_cross_entropy) has no CPU kernel.
+    config.tensor_parallel_output = False
     return config
 
 
