@@ -12,6 +12,7 @@ from paddle_ext import compat
 from paddle_ext.patches import (
     device_synchronize,
     flash_attention,
+    fused_rms_norm,
     fused_rotary,
     read_series,
     series,
@@ -42,6 +43,7 @@ def patched_attributes():
     owners += [(compat.hybrid_communicate_group_class(), "__init__")]
     owners += [(gloo, name) for name in ("eager_connect", "eager_connect_ring_exchange")]
     owners += [(owner, "synchronize") for owner in device_synchronize.owners()]
+    owners += [(fused_rms_norm.owner(), name) for name in fused_rms_norm.present()]
     if compat.upstream_schedule_node_classes() is None:  # 2.6, 3.0: the unit adds them
         owners += [(compat.meta_parallel_module(), name) for name in ("ScheduleNode", "ScheduleChunk")]
     return {(id(o), name): vars(o).get(name, MISSING) for o, name in owners}
@@ -62,7 +64,8 @@ def statuses():
 def test_series_file_lists_every_unit_with_its_upstream_pr():
     names = read_series()
     assert names == ["gloo_calc_stream", "c_embedding_check", "pipeline_engine", "fused_rotary", "fb_overlap",
-                     "flash_attention", "comm_debug", "eager_connection", "device_synchronize"]
+                     "flash_attention", "comm_debug", "eager_connection", "device_synchronize",
+                     "fused_rms_norm"]
     for state in series().states:
         assert state.unit.upstream, state.unit.name
         assert all(isinstance(n, int) and n > 1000 for n in state.unit.upstream)

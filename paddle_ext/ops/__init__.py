@@ -3,7 +3,9 @@
 from paddle_ext.ops._library import OpLibraryError, get_num_threads, set_num_threads, thread_pool
 from paddle_ext.ops.c_embedding import c_embedding
 from paddle_ext.ops.flash_attention import flash_attention, flash_attn_unpadded
+from paddle_ext.ops.rms_norm import fused_rms_norm, fused_rms_norm_ext
 from paddle_ext.ops.rotary import fused_rotary_position_embedding
 
-__all__ = ["OpLibraryError", "c_embedding", "flash_attention", "flash_attn_unpadded",
-           "fused_rotary_position_embedding", "get_num_threads", "set_num_threads", "thread_pool"]
+__all__ = ["OpLibraryError", "c_embedding", "flash_attention", "flash_attn_unpadded", "fused_rms_norm",
+           "fused_rms_norm_ext", "fused_rotary_position_embedding", "get_num_threads", "set_num_threads",
+           "thread_pool"]

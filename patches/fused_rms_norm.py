@@ -1,0 +1,165 @@
+"""part-1 cherry from: migrate fused_rms_norm to paddle (#60848), which gave fused_rms_norm
+its backward op (its review asked for a CPU version too), and Fix fused_rms_norm
+bug (#73227), fused_rms_norm_ext for inputs of any rank and bfloat16.
+
+paddle.incubate.nn.functional.fused_rms_norm_ext (PaddleFormers' RMSNorm with its
+default fuse_rms_norm=True) has GPU and XPU kernels only: on CPU every call fails
+with "The kernel fused_rms_norm_ext is not registered". fused_rms_norm has a
+float32 CPU forward (fused_rms_norm_quant) but no backward there, and no
+float16 / bfloat16 kernel. This unit serves, for CPU tensors in dynamic mode:
+
+- fused_rms_norm_ext and fused_rms_norm_ext_grad: paddle_ext.ops' kernels
+  (float32, float16, bfloat16; y in the weight's dtype, invvar float32 [rows],
+  as on the GPU);
+- fused_rms_norm without bias, residual or int8 quantisation: float32 keeps
+  Paddle's own forward values, bit for bit, with gradients from the plugin's
+  backward kernel when an input needs them; float16 / bfloat16 run the plugin's
+  kernels. Every other combination (bias or residual to fuse, quant_scale > 0,
+  other dtypes, shapes Paddle refuses) goes to Paddle, which answers or raises
+  as before.
+
+The unit patches the functions in paddle._C_ops, which Paddle's Python
+functions look up at each call, so callers that imported
+`paddle.incubate.nn.functional.fused_rms_norm_ext` before enable() (as
+paddleformers.nn.norm does) reach it too. GPU tensors, static graphs and
+releases without these ops keep Paddle's path.
+"""
+
+from __future__ import annotations
+
+import functools
+
+from paddle_ext import compat
+from paddle_ext.ops import _library
+from paddle_ext.ops import rms_norm as plugin
+from paddle_ext.patches._unit import Patcher, PatchUnit
+
+MARK = "fused_rms_norm"
+OPS = ("pe_rms_norm", "pe_rms_norm_backward")
+
+
+def _on_cpu(*tensors) -> bool:
+    import paddle
+
+    return compat.in_dynamic_mode() and all(
+        isinstance(t, paddle.Tensor) and t.place.is_cpu_place() for t in tensors if t is not None)
+
+
+def _ext(original):
+    @functools.wraps(original)
+    def fused_rms_norm_ext(x, scale, epsilon=1e-5, *args):
+        if not args and _on_cpu(x, scale):
+            return plugin.fused_rms_norm_ext(x, scale, epsilon)
+        return original(x, scale, epsilon, *args)
+
+    return fused_rms_norm_ext
+
+
+def _ext_grad(original):
+    @functools.wraps(original)
+    def fused_rms_norm_ext_grad(x, scale, invvar, y_grad, epsilon, *args):
+        if not args and _on_cpu(x, scale, invvar, y_grad):
+            return plugin.rms_norm_grad(x, scale, y_grad, epsilon, inv_var=invvar)
+        return original(x, scale, invvar, y_grad, epsilon, *args)
+
+    return fused_rms_norm_ext_grad
+
+
+def _plain_case(x, bias, residual, norm_weight, norm_bias, begin_norm_axis, quant_scale) -> bool:
+    """Whether the plugin covers this fused_rms_norm call (else Paddle's own path)."""
+    from paddle_ext.ops._checks import dtype_name
+
+    if bias is not None or residual is not None or quant_scale > 0 or not _on_cpu(x, norm_weight, norm_bias):
+        return False
+    if dtype_name(x) not in plugin.FLOAT_DTYPES or not isinstance(begin_norm_axis, int):
+        return False
+    if not 0 <= begin_norm_axis < x.ndim:
+        return False
+    cols = 1
+    for d in x.shape[begin_norm_axis:]:
+        cols *= int(d)
+    return all(t is None or (dtype_name(t) == dtype_name(x) and list(t.shape) == [cols])
+               for t in (norm_weight, norm_bias))
+
+
+def _quant(original):
+    @functools.wraps(original)
+    def fused_rms_norm_quant(x, bias, residual, norm_weight, norm_bias, epsilon, begin_norm_axis, quant_scale,
+                             quant_round_type, quant_max_bound, quant_min_bound, *args):
+        call = (x, bias, residual, norm_weight, norm_bias, epsilon, begin_norm_axis, quant_scale,
+                quant_round_type, quant_max_bound, quant_min_bound, *args)
+        if args or not _plain_case(x, bias, residual, norm_weight, norm_bias, begin_norm_axis, quant_scale):
+            return original(*call)
+        from paddle_ext.ops._checks import dtype_name
+
+        if dtype_name(x) != "float32":  # Paddle has no CPU kernel for these
+            return plugin.fused_rms_norm(x, norm_weight, norm_bias, epsilon, begin_norm_axis)
+        import paddle
+
+        tensors = [t for t in (x, norm_weight, norm_bias) if t is not None]
+        if not paddle.is_grad_enabled() or all(t.stop_gradient for t in tensors):
+            return original(*call)
+        outputs = []
+
+        def paddle_forward():
+            outputs.extend(original(*call))
+            return outputs[0]
+
+        out = plugin.paddle_forward_with_plugin_backward(paddle_forward, x, norm_weight, norm_bias, epsilon,
+                                                         begin_norm_axis)
+        return (out, *outputs[1:])
+
+    return fused_rms_norm_quant
+
+
+WRAPPERS = {"fused_rms_norm_ext": _ext, "fused_rms_norm_ext_grad": _ext_grad, "fused_rms_norm_quant": _quant}
+
+
+def owner():
+    import paddle
+
+    return paddle._C_ops
+
+
+def present() -> list[str]:
+    """The ops of WRAPPERS this Paddle has (2.6 has none of them)."""
+    module = owner()
+    return [name for name in WRAPPERS if hasattr(module, name)]
+
+
+def _apply(patcher: Patcher) -> None:
+    module = owner()
+    for name in present():
+        wrapper = WRAPPERS[name](getattr(module, name))
+        wrapper.__paddle_ext_unit__ = MARK
+        patcher.swap(module, name, wrapper)
+
+
+def _verify() -> bool:
+    module = owner()
+    return all(getattr(getattr(module, n), "__paddle_ext_unit__", None) == MARK for n in present())
+
+
+def _unavailable() -> str | None:
+    if not present():
+        return "this Paddle has no fused_rms_norm_ext / fused_rms_norm_quant ops"
+    try:
+        _library.load()
+    except _library.OpLibraryError as err:
+        return str(err)
+    built = (_library.build_info() or {}).get("ops", [])
+    lacking = [op for op in OPS if op not in built]
+    if lacking:
+        return f"paddle_ext's op library lacks {', '.join(lacking)}: reinstall paddle-ext"
+    return None
+
+
+UNIT = PatchUnit(
+    name="fused_rms_norm",
+    upstream=(60848, 73227),
+    title="fused_rms_norm_ext and fused_rms_norm backward on CPU",
+    summary="fused_rms_norm_ext runs a threaded one-pass CPU kernel; fused_rms_norm gets a CPU backward",
+    apply=_apply,
+    verify=_verify,
+    unavailable=_unavailable,
+)

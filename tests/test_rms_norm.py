@@ -1,0 +1,317 @@
+"""paddle_ext.ops' RMSNorm kernels against a numpy float64 reference written from
+Paddle's GPU kernels (fused_rms_norm_ext: RMSLnFwd / RMSLnBwd), their gradients,
+their argument errors, and the fused_rms_norm patch unit."""
+
+import numpy as np
+import paddle
+import pytest
+
+import paddle_ext
+import paddle_ext.ops as ops
+from paddle_ext.patches import fused_rms_norm as unit
+
+F = paddle.incubate.nn.functional
+HAS_EXT = hasattr(paddle._C_ops, "fused_rms_norm_ext")
+HAS_QUANT = hasattr(paddle._C_ops, "fused_rms_norm_quant")
+# float32 bounds come from the issue; the half-precision ones are a few roundings
+# of their 8 (bfloat16) and 11 (float16) bit mantissas.
+TOLERANCE = {"float32": 1e-6, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+@pytest.fixture(autouse=True)
+def clean_series(monkeypatch):
+    monkeypatch.delenv("PADDLE_EXT_PATCHES", raising=False)
+    paddle_ext.disable()
+    yield
+    paddle_ext.disable()
+
+
+# ----------------------------------------------------------------- reference
+
+def reference(x, w, g, eps, cols):
+    """float64 (y, inv_var, dx, dw) over rows of `cols` trailing elements."""
+    shape = x.shape
+    x = np.asarray(x, np.float64).reshape(-1, cols)
+    w = np.asarray(w, np.float64)
+    g = np.asarray(g, np.float64).reshape(-1, cols)
+    inv = 1.0 / np.sqrt((x * x).mean(axis=1, keepdims=True) + eps)
+    y = w * inv * x
+    dot = (g * w * x).sum(axis=1, keepdims=True)
+    dx = inv * w * g - inv ** 3 * dot / cols * x
+    dw = (g * x * inv).sum(axis=0)
+    return y.reshape(shape), inv[:, 0], dx.reshape(shape), dw
+
+
+def rel(got, want):
+    """Norm-wise relative error: max |got - want| / max |want|."""
+    got = np.asarray(got, np.float64)
+    want = np.asarray(want, np.float64)
+    return float(np.abs(got - want).max() / max(np.abs(want).max(), 1e-300))
+
+
+def as_f64(t):
+    return t.astype("float32").numpy().astype(np.float64)
+
+
+def tensors(shape, cols, dtype, wdtype=None, seed=0):
+    rng = np.random.default_rng(seed)
+    x = paddle.to_tensor(rng.standard_normal(shape).astype("float32")).astype(dtype)
+    w = paddle.to_tensor((rng.random(cols) + 0.5).astype("float32")).astype(wdtype or dtype)
+    g = paddle.to_tensor(rng.standard_normal(shape).astype("float32")).astype(wdtype or dtype)
+    x.stop_gradient = False
+    w.stop_gradient = False
+    return x, w, g
+
+
+# ------------------------------------------------------ fused_rms_norm_ext (ops)
+
+@pytest.mark.parametrize("shape", [[4, 7], [3, 4097], [2, 3, 64], [37], [1, 1, 5]])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_ext_forward_and_gradients_match_float64(shape, dtype):
+    cols = shape[-1]
+    x, w, g = tensors(shape, cols, dtype)
+    y, inv_var = ops.fused_rms_norm_ext(x, w, 1e-6)
+    paddle.autograd.backward([y], [g])
+    ry, rinv, rdx, rdw = reference(as_f64(x), as_f64(w), as_f64(g), 1e-6, cols)
+    assert y.dtype == w.dtype and list(y.shape) == shape
+    assert inv_var.dtype == paddle.float32 and list(inv_var.shape) == [int(np.prod(shape[:-1]))]
+    assert inv_var.stop_gradient
+    tol = TOLERANCE[dtype]
+    assert rel(as_f64(y), ry) < tol
+    assert rel(inv_var.numpy(), rinv) < 1e-6  # float32 in every case
+    assert rel(as_f64(x.grad), rdx) < tol * (4 if dtype != "float32" else 1)
+    assert rel(as_f64(w.grad), rdw) < tol * (4 if dtype != "float32" else 1)
+    assert x.grad.dtype == x.dtype and w.grad.dtype == w.dtype
+
+
+def test_hidden_size_one_gradient_is_a_cancellation_bounded_by_its_terms():
+    # With one column y = w * x / sqrt(x^2 + eps), and dx = w g inv - w g inv^3 x^2
+    # is the difference of two nearly equal terms (as in Paddle's GPU kernel): the
+    # error is bounded relative to the terms, not to their tiny difference.
+    x, w, g = tensors([64, 1], 1, "float32")
+    y, _ = ops.fused_rms_norm_ext(x, w, 1e-6)
+    paddle.autograd.backward([y], [g])
+    ry, _, rdx, rdw = reference(as_f64(x), as_f64(w), as_f64(g), 1e-6, 1)
+    assert rel(y.numpy(), ry) < 1e-6
+    terms = np.abs(as_f64(g) * as_f64(w) / np.sqrt(as_f64(x) ** 2 + 1e-6)).max()
+    assert np.abs(x.grad.numpy() - rdx).max() < 1e-6 * terms
+    assert rel(w.grad.numpy(), rdw) < 1e-6
+
+
+@pytest.mark.parametrize("xdtype, wdtype", [("bfloat16", "float32"), ("float32", "bfloat16"),
+                                            ("float16", "float32")])
+def test_ext_mixed_dtypes_give_y_the_weight_dtype_as_the_gpu_kernel(xdtype, wdtype):
+    x, w, g = tensors([5, 96], 96, xdtype, wdtype)
+    y, _ = ops.fused_rms_norm_ext(x, w)
+    paddle.autograd.backward([y], [g])
+    ry, _, rdx, rdw = reference(as_f64(x), as_f64(w), as_f64(g), 1e-5, 96)
+    assert y.dtype == w.dtype and x.grad.dtype == x.dtype and w.grad.dtype == w.dtype
+    tol = max(TOLERANCE[xdtype], TOLERANCE[wdtype])
+    assert rel(as_f64(y), ry) < tol
+    assert rel(as_f64(x.grad), rdx) < 4 * tol and rel(as_f64(w.grad), rdw) < 4 * tol
+
+
+def test_ext_equals_paddles_unfused_composition():
+    x, w, g = tensors([8, 640], 640, "float32", seed=3)
+    eps = 1e-6
+    xc = x.detach()
+    wc = w.detach()
+    xc.stop_gradient = wc.stop_gradient = False
+    composed = xc * paddle.rsqrt((xc * xc).mean(axis=-1, keepdim=True) + eps) * wc
+    (composed * g).sum().backward()
+    y, _ = ops.fused_rms_norm_ext(x, w, eps)
+    paddle.autograd.backward([y], [g])
+    assert rel(y.numpy(), composed.numpy()) < 1e-6
+    assert rel(x.grad.numpy(), xc.grad.numpy()) < 1e-6
+    assert rel(w.grad.numpy(), wc.grad.numpy()) < 1e-6
+
+
+def test_frozen_weight_and_weight_only_uses():
+    x, w, g = tensors([6, 33], 33, "float32")
+    w.stop_gradient = True
+    y, _ = ops.fused_rms_norm_ext(x, w)
+    paddle.autograd.backward([y], [g])
+    assert w.grad is None and x.grad is not None
+
+
+def test_results_do_not_depend_on_the_thread_count():
+    x, w, g = tensors([300, 257], 257, "float32", seed=5)
+    before = ops.get_num_threads()
+    results = []
+    try:
+        for n in (1, 2, 3):
+            ops.set_num_threads(n)
+            xx = x.detach()
+            ww = w.detach()
+            xx.stop_gradient = ww.stop_gradient = False
+            y, inv = ops.fused_rms_norm_ext(xx, ww)
+            paddle.autograd.backward([y], [g])
+            results.append([t.numpy() for t in (y, inv, xx.grad, ww.grad)])
+    finally:
+        ops.set_num_threads(before)
+    for other in results[1:]:
+        assert all(np.array_equal(a, b) for a, b in zip(results[0], other))
+
+
+def test_no_rows_gives_empty_outputs():
+    x = paddle.zeros([0, 8])
+    y, inv = ops.fused_rms_norm_ext(x, paddle.ones([8]))
+    assert list(y.shape) == [0, 8] and list(inv.shape) == [0]
+
+
+@pytest.mark.parametrize("call, error, pattern", [
+    (lambda: ops.fused_rms_norm_ext(paddle.ones([2, 4]), paddle.ones([3])), ValueError,
+     r"scale must be 1-D \[cols\] with cols = 4 .*got shape \[3\]"),
+    (lambda: ops.fused_rms_norm_ext(paddle.ones([2, 4]), paddle.ones([1, 4])), ValueError, r"got shape \[1, 4\]"),
+    (lambda: ops.fused_rms_norm_ext(paddle.ones([2, 4], "int32"), paddle.ones([4])), TypeError,
+     r"x must have dtype in \('float32', 'float16', 'bfloat16'\), got int32"),
+    (lambda: ops.fused_rms_norm_ext(paddle.ones([2, 4]), paddle.ones([4], "float64")), TypeError,
+     r"scale must have dtype in .* got float64"),
+    (lambda: ops.fused_rms_norm_ext(paddle.ones([2, 4]), paddle.ones([4]), -1.0), ValueError,
+     r"epsilon must be a finite number >= 0, got -1.0"),
+    (lambda: ops.fused_rms_norm_ext(paddle.ones([2, 4]), paddle.ones([4]), "1e-5"), TypeError,
+     r"epsilon must be a number, got str"),
+    (lambda: ops.fused_rms_norm_ext(np.ones([2, 4]), paddle.ones([4])), TypeError, r"x must be a paddle.Tensor"),
+    (lambda: ops.fused_rms_norm_ext(paddle.ones([2, 0]), paddle.ones([0])), ValueError,
+     r"x's normalised size must be > 0"),
+    (lambda: ops.fused_rms_norm(paddle.ones([2, 4]), paddle.ones([4]), None, 1e-5, 2), ValueError,
+     r"begin_norm_axis must be in \[-2, 2\) for x of shape \[2, 4\], got 2"),
+    (lambda: ops.fused_rms_norm(paddle.ones([2, 4]), paddle.ones([4]), None, 1e-5, 1, residual=paddle.ones([2, 4])),
+     ValueError, r"residual must be None"),
+    (lambda: ops.fused_rms_norm(paddle.ones([2, 4]), paddle.ones([4]), None, 1e-5, 1, quant_scale=0.5),
+     ValueError, r"quant_scale must be <= 0 .*got 0.5"),
+    (lambda: ops.fused_rms_norm(paddle.ones([2, 4]), paddle.ones([4]), paddle.ones([3]), 1e-5, 1), ValueError,
+     r"norm_bias must be 1-D \[4\] .*got shape \[3\]"),
+])
+def test_bad_arguments_raise_naming_them(call, error, pattern):
+    with pytest.raises(error, match=pattern):
+        call()
+
+
+# ------------------------------------------------ fused_rms_norm (ops, plain)
+
+@pytest.mark.parametrize("shape, axis", [([4, 24], 1), ([2, 3, 16], 1), ([2, 3, 16], 2), ([2, 3, 16], -1),
+                                         ([3, 5, 7], -2)])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_fused_rms_norm_plain_matches_float64(shape, axis, dtype):
+    cols = int(np.prod(shape[axis % len(shape):]))
+    x, w, g = tensors(shape, cols, dtype)
+    b = paddle.to_tensor(np.linspace(-1, 1, cols).astype("float32")).astype(dtype)
+    b.stop_gradient = False
+    out, _ = ops.fused_rms_norm(x, w, b, 1e-6, axis)
+    paddle.autograd.backward([out], [g])
+    ry, _, rdx, rdw = reference(as_f64(x), as_f64(w), as_f64(g), 1e-6, cols)
+    ry = (ry.reshape(-1, cols) + as_f64(b)).reshape(shape)
+    tol = TOLERANCE[dtype]
+    assert out.dtype == x.dtype and list(out.shape) == shape
+    assert rel(as_f64(out), ry) < tol
+    assert rel(as_f64(x.grad), rdx) < 4 * tol
+    assert rel(as_f64(w.grad), rdw) < 4 * tol
+    assert rel(as_f64(b.grad), as_f64(g).reshape(-1, cols).sum(axis=0)) < 4 * tol
+
+
+# ------------------------------------------------------------ the patch unit
+
+def test_stock_paddle_has_no_cpu_kernel_and_enabling_serves_both_import_styles():
+    if not HAS_EXT:
+        pytest.skip("this Paddle has no fused_rms_norm_ext")
+    from paddle.incubate.nn.functional import fused_rms_norm_ext as imported_early
+
+    x, w, g = tensors([3, 40], 40, "float32")
+    with pytest.raises(RuntimeError, match="fused_rms_norm_ext"):
+        F.fused_rms_norm_ext(x, w)
+    paddle_ext.enable()
+    assert {u: s for u, _, s, _ in paddle_ext.patch_table()}["fused_rms_norm"] == "applied"
+    y1, inv1 = F.fused_rms_norm_ext(x, w, 1e-6)
+    y2, inv2 = imported_early(x, w, 1e-6)
+    y3, inv3 = ops.fused_rms_norm_ext(x, w, 1e-6)
+    assert np.array_equal(y1.numpy(), y3.numpy()) and np.array_equal(y2.numpy(), y3.numpy())
+    assert np.array_equal(inv1.numpy(), inv3.numpy())
+    paddle.autograd.backward([y1], [g])
+    ry, _, rdx, rdw = reference(as_f64(x), as_f64(w), as_f64(g), 1e-6, 40)
+    assert rel(x.grad.numpy(), rdx) < 1e-6 and rel(w.grad.numpy(), rdw) < 1e-6
+    # the explicit grad op PaddleFormers' fp8 / ERNIE code calls
+    dx, dw = paddle._C_ops.fused_rms_norm_ext_grad(x.detach(), w.detach(), inv1, g, 1e-6)
+    assert np.array_equal(dx.numpy(), x.grad.numpy()) and np.array_equal(dw.numpy(), w.grad.numpy())
+
+
+def test_fused_rms_norm_float32_keeps_paddles_forward_bits_and_gains_a_backward():
+    if not HAS_QUANT:
+        pytest.skip("this Paddle has no fused_rms_norm_quant")
+    x, w, g = tensors([2, 3, 16], 48, "float32")
+    b = paddle.to_tensor(np.linspace(-1, 1, 48).astype("float32"))
+    b.stop_gradient = False
+    stock, _ = F.fused_rms_norm(x, w, b, 1e-6, 1)
+    with pytest.raises(RuntimeError, match="fused_rms_norm_quant_grad"):
+        paddle.autograd.backward([stock], [g])
+    x.clear_gradient()
+    paddle_ext.enable()
+    out, residual_out = F.fused_rms_norm(x, w, b, 1e-6, 1)
+    assert np.array_equal(out.numpy(), stock.numpy())
+    paddle.autograd.backward([out], [g])
+    _, _, rdx, rdw = reference(as_f64(x), as_f64(w), as_f64(g), 1e-6, 48)
+    assert rel(x.grad.numpy(), rdx) < 1e-6 and rel(w.grad.numpy(), rdw) < 1e-6
+    assert rel(b.grad.numpy(), g.numpy().reshape(-1, 48).sum(axis=0)) < 1e-6
+    with paddle.no_grad():  # no gradient wanted: Paddle's call as it is
+        again, _ = F.fused_rms_norm(x, w, b, 1e-6, 1)
+    assert np.array_equal(again.numpy(), stock.numpy())
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_fused_rms_norm_half_runs_the_plugin_where_paddle_has_no_kernel(dtype):
+    if not HAS_QUANT:
+        pytest.skip("this Paddle has no fused_rms_norm_quant")
+    x, w, g = tensors([4, 32], 32, dtype)
+    with pytest.raises(RuntimeError, match="not registered"):
+        F.fused_rms_norm(x, w, None, 1e-6, 1)
+    paddle_ext.enable()
+    out, _ = F.fused_rms_norm(x, w, None, 1e-6, -1)
+    paddle.autograd.backward([out], [g])
+    ry, _, rdx, _ = reference(as_f64(x), as_f64(w), as_f64(g), 1e-6, 32)
+    assert out.dtype == x.dtype and rel(as_f64(out), ry) < TOLERANCE[dtype]
+    assert rel(as_f64(x.grad), rdx) < 4 * TOLERANCE[dtype]
+
+
+def stock_outcome(call):
+    try:
+        out = call()
+    except Exception as err:  # noqa: BLE001 - compared below
+        return type(err), str(err).split("\n")[0]
+    return "ok", out[0].numpy()
+
+
+@pytest.mark.parametrize("case", ["residual", "bias", "quant", "bad_weight", "bad_axis"])
+def test_uncovered_fused_rms_norm_calls_keep_paddles_answer(case):
+    if not HAS_QUANT:
+        pytest.skip("this Paddle has no fused_rms_norm_quant")
+    x = paddle.to_tensor(np.random.default_rng(1).standard_normal([3, 8]).astype("float32"))
+    w = paddle.ones([8])
+    args = {"residual": dict(residual=paddle.ones([3, 8])), "bias": dict(bias=paddle.ones([8])),
+            "quant": dict(quant_scale=0.5), "bad_weight": {}, "bad_axis": {}}[case]
+    weight = paddle.ones([4]) if case == "bad_weight" else w
+    axis = 5 if case == "bad_axis" else 1
+
+    def call():
+        return F.fused_rms_norm(x, weight, None, 1e-6, axis, **args)
+
+    stock = stock_outcome(call)
+    paddle_ext.enable()
+    patched = stock_outcome(call)
+    assert stock[0] == patched[0]
+    if stock[0] == "ok":
+        assert np.array_equal(stock[1], patched[1])
+    else:
+        assert stock[1] == patched[1]
+
+
+def test_enable_disable_restores_paddles_ops():
+    names = unit.present()
+    assert names or not (HAS_EXT or HAS_QUANT)
+    originals = {n: getattr(paddle._C_ops, n) for n in names}
+    paddle_ext.enable()
+    assert all(getattr(paddle._C_ops, n) is not f for n, f in originals.items())
+    paddle_ext.enable({"paddle_ext": {"patches": {"fused_rms_norm": False}}})
+    assert all(getattr(paddle._C_ops, n) is f for n, f in originals.items())
+    paddle_ext.enable()
+    paddle_ext.disable()
+    assert all(getattr(paddle._C_ops, n) is f for n, f in originals.items())
