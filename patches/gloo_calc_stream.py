@@ -14,7 +14,12 @@ so each gloo group now gets a store of its own (paddle_ext.comm.gloo).
 from __future__ import annotations
 
 from paddle_ext import compat
-from paddle_ext.comm.gloo import CALC_STREAM_METHODS, cpu_c_concat, cpu_c_identity, private_store_process_groups
+from paddle_ext.comm.gloo import (
+    CALC_STREAM_METHODS,
+    cpu_c_concat,
+    cpu_c_identity,
+    private_store_process_groups,
+)
 from paddle_ext.patches._unit import Patcher, PatchUnit
 
 

@@ -21,7 +21,7 @@ Paddle's code running on state it never set up.
 from __future__ import annotations
 
 import functools
-from typing import Any, Optional
+from typing import Any
 
 import paddle
 
@@ -231,7 +231,7 @@ def micro_batch_data(data: Any, count: int) -> Any:
             labels if any(x is not None for x in labels) else None]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fleet_class(engine_cls: type, interleave: bool) -> type:
     meta = compat.meta_parallel_module()
     base = meta.PipelineParallelWithInterleave if interleave else meta.PipelineParallel

@@ -9,8 +9,10 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
         e  pp2 x sharding2 stage 1            (4 ranks)
         f  pp2 x tensor parallel 2            (4 ranks)
 
-CONFIG may name several, comma-separated, for one topology (a,b: 2 ranks; c,d: 4 ranks):
-each gets its own Trainer in this process. After a: evaluate() against the reference's
+CONFIG may name several, comma-separated, for one topology and accumulation count (c,d):
+each gets its own Trainer in this process (a second fleet.init in one process keeps the
+first strategy's pipeline_configs, so configs with another accumulation count need a
+launch of their own). After a: evaluate() against the reference's
 eval loss, and a run saved at step 2 and resumed with resume_from_checkpoint against
 the uninterrupted run.
 
@@ -38,7 +40,7 @@ paddle_ext.enable()  # before PaddleFormers sets up fleet: the plugin's engine s
 from paddleformers.trainer import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
 from paddleformers.transformers import LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe  # noqa: E402
 
-VOCAB, HIDDEN, SEQ, LAYERS, STEPS, LR, SEED = 64, 16, 8, 4, int(os.environ.get('H14_STEPS', 3)), 1e-2, 1234
+VOCAB, HIDDEN, SEQ, LAYERS, STEPS, LR, SEED = 64, 16, 8, 4, 3, 1e-2, 1234
 
 CONFIGS = {
     "a": dict(acc=4, eval_resume=True),
@@ -55,8 +57,6 @@ def model_config(cfg, tp):
                          num_hidden_layers=LAYERS, num_attention_heads=2, num_key_value_heads=2,
                          max_position_embeddings=4 * SEQ, dtype="float32")
     config._attn_implementation = "eager"
-    if os.environ.get("H14_TMP_UNFUSED"):  # TEMPORARY until the rmsnorm/synchronize units land
-        config.fuse_rms_norm = False
     if cfg.get("vpp", 1) > 1:
         config.virtual_pipeline_model_parallel_size = cfg["vpp"]
     config.tensor_model_parallel_size = tp
