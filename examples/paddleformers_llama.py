@@ -88,6 +88,9 @@ def train(args) -> None:
         output_dir=os.path.join(args.out, "checkpoints"), max_steps=args.steps, per_device_train_batch_size=2,
         gradient_accumulation_steps=args.accumulation, learning_rate=3e-3, logging_steps=1, save_strategy="no",
         pipeline_model_parallel_size=PP, amp_master_grad=False, disable_tqdm=True, report_to="none",
+        # PaddleFormers 1.2.0 with max_grad_norm > 0 under pp reads the unwrapped optimizer's
+        # _inner_opt (trainer.py, _wrap_distributed_optimizer) and fails on any device.
+        max_grad_norm=0.0,
         dataloader_shuffle=False, do_train=True)
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
                          num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=4,
