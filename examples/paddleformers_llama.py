@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -34,18 +33,13 @@ def parse_args(argv=None):
 
 
 def launch(args) -> int:
-    os.makedirs(args.out, exist_ok=True)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PADDLE_EXT_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(PP),
-           "--log_dir", os.path.join(args.out, "logs"), os.path.abspath(__file__),
-           "--steps", str(args.steps), "--vpp", str(args.vpp), "--accumulation", str(args.accumulation),
-           "--out", args.out]
-    proc = subprocess.run(cmd, env={**env, "PADDLE_EXT_EXAMPLE_RANK": "1"}, timeout=args.timeout)
-    log = os.path.join(args.out, "logs", "workerlog.0")
-    if os.path.exists(log):
-        with open(log, errors="replace") as f:
-            print("".join(line for line in f if "loss" in line or "paddle_ext" in line), end="")
-    return proc.returncode
+    sys.path.insert(0, ROOT)
+    from examples.pipeline_demo import launch_ranks
+
+    script_args = ["--steps", str(args.steps), "--vpp", str(args.vpp), "--accumulation", str(args.accumulation),
+                   "--out", args.out]
+    return launch_ranks(__file__, PP, args.out, script_args, args.timeout, "[paddleformers]",
+                        lambda line: "global_step" in line or line.startswith("paddle_ext:") or "Error" in line)
 
 
 class Samples:
@@ -86,7 +80,7 @@ def train(args) -> None:
 
     training_args = TrainingArguments(
         output_dir=os.path.join(args.out, "checkpoints"), max_steps=args.steps, per_device_train_batch_size=2,
-        gradient_accumulation_steps=args.accumulation, learning_rate=3e-3, logging_steps=1, save_strategy="no",
+        gradient_accumulation_steps=args.accumulation, learning_rate=3e-3, lr_scheduler_type="constant", logging_steps=1, save_strategy="no",
         pipeline_model_parallel_size=PP, amp_master_grad=False, disable_tqdm=True, report_to="none",
         # PaddleFormers 1.2.0 with max_grad_norm > 0 under pp reads the unwrapped optimizer's
         # _inner_opt (trainer.py, _wrap_distributed_optimizer) and fails on any device.
@@ -110,7 +104,7 @@ def train(args) -> None:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if os.environ.get("PADDLE_EXT_EXAMPLE_RANK") or os.environ.get("PADDLE_TRAINER_ID") is not None:
+    if "PADDLE_TRAINER_ID" in os.environ:  # a rank started by paddle.distributed.launch
         train(args)
         return 0
     return launch(args)
