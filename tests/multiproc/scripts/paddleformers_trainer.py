@@ -89,8 +89,18 @@ def collate(features):
 
 
 class LossLog(TrainerCallback):
-    def __init__(self):
+    """The losses the Trainer logs, and the first step's gradients as the optimizer gets them
+    (after the Trainer's 1 / accumulation scaling)."""
+
+    def __init__(self, pipe):
         self.losses = []
+        self.pipe = pipe
+        self.first_grads = None
+
+    def on_optimizer_begin(self, args, state, control, **kwargs):
+        if self.first_grads is None:
+            self.first_grads = {k: (None if p.grad is None else p.grad.numpy().copy())
+                                for k, p in paddle.nn.Layer.state_dict(self.pipe).items()}
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
@@ -178,6 +188,8 @@ def reference_run(config, cfg, dataset, steps):
                     if replicas > 1:
                         p.grad.scale_(1.0 / replicas)
                     p.grad.scale_(1.0 / cfg["acc"])
+        if step == 0:
+            ref.first_grads = {k: (None if t.grad is None else t.grad.numpy().copy()) for k, t in ref.state_dict().items()}
         opt.step()
         opt.clear_grad()
         losses.append(float(total.numpy()) / per_step)
@@ -200,6 +212,24 @@ def compare(pipe, ref, mapping):
     return worst
 
 
+def compare_grads(got, want, pipe, mapping):
+    """Max relative difference of the first step's gradients per parameter of this rank
+    (relative to the reference gradient's largest magnitude)."""
+    state = paddle.nn.Layer.state_dict(pipe)
+    out = {}
+    for key, grad in got.items():
+        ref_grad = want.get(mapping[key])
+        if grad is None or ref_grad is None:
+            out[key] = None if grad is None and ref_grad is None else -1.0
+            continue
+        ref_grad = paddle.to_tensor(ref_grad)
+        if tuple(ref_grad.shape) != tuple(grad.shape):
+            ref_grad = tp_slice(ref_grad, state[key], key)
+        ref_grad = ref_grad.numpy().astype(np.float64)
+        out[key] = float(np.max(np.abs(grad - ref_grad)) / max(np.max(np.abs(ref_grad)), 1e-30))
+    return out
+
+
 def digest(pipe):
     """A hash of every parameter's bytes: equal digests, bitwise equal parameters."""
     import hashlib
@@ -219,10 +249,11 @@ def train(name, cfg, out_dir, dataset, resume=None, max_steps=STEPS, save_steps=
     config = model_config(cfg, cfg.get("tp", 1))
     pipe = LlamaForCausalLMPipe(config)
     mapping = copy_weights(reference_model(config), pipe)
-    log = LossLog()
+    log = LossLog(pipe)
     trainer = Trainer(model=pipe, args=args, train_dataset=dataset, eval_dataset=dataset, data_collator=collate,
                       callbacks=[log])
     trainer.train(resume_from_checkpoint=resume)
+    trainer.first_grads = log.first_grads
     return trainer, pipe, mapping, log.losses, config
 
 
@@ -239,6 +270,7 @@ def main():
         result = {"config": name, "losses": losses, "ref_losses": ref_losses,
                   "params": compare(pipe, ref, mapping),
                   "digest": digest(pipe),
+                  "first_grads": compare_grads(trainer.first_grads, ref.first_grads, pipe, mapping),
                   "classes": [c.__name__ for c in type(engine).__mro__],
                   "dp_comm_overlap": engine._dp_comm_overlap,
                   "sharding_comm_overlap": engine._sharding_comm_overlap}
