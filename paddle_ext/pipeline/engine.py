@@ -24,7 +24,7 @@ import paddle
 
 from paddle_ext import compat
 from paddle_ext.comm import eager, trace
-from paddle_ext.pipeline.fleet_surface import PipelineParallelSurface, adopt_fleet_class
+from paddle_ext.pipeline.fleet_surface import PipelineParallelSurface, adopt_fleet_class, micro_batch_data
 from paddle_ext.pipeline.grad_sync import GradReducer, GradSyncSettings
 from paddle_ext.pipeline.microbatch import MicroBatches
 from paddle_ext.pipeline.runtime.groups import link_groups, neighbour_groups
@@ -286,8 +286,6 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         or, on the last stage, the outputs of every micro-batch (None elsewhere; on the
         host with return_host_tensor). `data` as for train_batch, or a
         PipelineDatasetPreprocessor."""
-        from paddle_ext.pipeline.fleet_surface import micro_batch_data
-
         self._layers.eval()
         self.set_virtual_pipeline_rank(0)
         m = self.accumulate_steps
