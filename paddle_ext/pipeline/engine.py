@@ -24,7 +24,11 @@ import paddle
 
 from paddle_ext import compat
 from paddle_ext.comm import eager, trace
-from paddle_ext.pipeline.fleet_surface import PipelineParallelSurface, adopt_fleet_class, micro_batch_data
+from paddle_ext.pipeline.fleet_surface import (
+    PipelineParallelSurface,
+    adopt_fleet_class,
+    micro_batch_data,
+)
 from paddle_ext.pipeline.grad_sync import GradReducer, GradSyncSettings
 from paddle_ext.pipeline.microbatch import MicroBatches
 from paddle_ext.pipeline.runtime.groups import link_groups, neighbour_groups
