@@ -65,7 +65,8 @@ def results():
 def _check_parity(per_rank: dict, bound: float) -> None:
     for rank, r in per_rank.items():
         grads = {k: v for k, v in r["first_grads"].items() if v is not None}
-        assert len(grads) == len(r["first_grads"]) and min(grads.values()) >= 0, f"rank {rank}: a gradient is missing"
+        assert grads and len(grads) == len(r["first_grads"]) and min(grads.values()) >= 0, (
+            f"rank {rank}: a gradient is missing")
         worst_grad = max(grads.values())
         assert worst_grad <= GRAD_BOUND, f"rank {rank}: first-step gradient of {max(grads, key=grads.get)} differs by {worst_grad:.3g}"
         assert len(r["losses"]) == 3, f"rank {rank}: the Trainer logged {r['losses']}"

@@ -212,12 +212,31 @@ def compare(pipe, ref, mapping):
     return worst
 
 
-def compare_grads(got, want, pipe, mapping):
+def sharding_owned(trainer):
+    """Under sharding stage 1 a rank holds the reduced gradient only of the parameters it
+    updates (the optimizer's _param2rank); None: every parameter."""
+    from paddle.distributed import fleet
+
+    hcg = fleet.get_hybrid_communicate_group()
+    if hcg.get_sharding_parallel_world_size() == 1:
+        return None
+    opt, param2rank = trainer.optimizer, None
+    while opt is not None and param2rank is None:
+        param2rank = vars(opt).get("_param2rank")
+        opt = vars(opt).get("_inner_opt")
+    me = hcg.get_sharding_parallel_rank()
+    return {name for name, rank in param2rank.items() if rank == me}
+
+
+def compare_grads(got, want, pipe, mapping, owned=None):
     """Max relative difference of the first step's gradients per parameter of this rank
-    (relative to the reference gradient's largest magnitude)."""
+    (relative to the reference gradient's largest magnitude); with `owned` (parameter
+    names), only those."""
     state = paddle.nn.Layer.state_dict(pipe)
     out = {}
     for key, grad in got.items():
+        if owned is not None and state[key].name not in owned:
+            continue
         ref_grad = want.get(mapping[key])
         if grad is None or ref_grad is None:
             out[key] = None if grad is None and ref_grad is None else -1.0
@@ -270,7 +289,8 @@ def main():
         result = {"config": name, "losses": losses, "ref_losses": ref_losses,
                   "params": compare(pipe, ref, mapping),
                   "digest": digest(pipe),
-                  "first_grads": compare_grads(trainer.first_grads, ref.first_grads, pipe, mapping),
+                  "first_grads": compare_grads(trainer.first_grads, ref.first_grads, pipe, mapping,
+                                               sharding_owned(trainer)),
                   "classes": [c.__name__ for c in type(engine).__mro__],
                   "dp_comm_overlap": engine._dp_comm_overlap,
                   "sharding_comm_overlap": engine._sharding_comm_overlap}
