@@ -10,7 +10,8 @@ Usage: fleet_surface.py
    optimizer step, 3 steps, is bitwise equal to train_batch with delay_scale_loss; the
    loss too.
 3. accumulate_steps changed between steps (M 3 -> 4) runs the schedule for the new
-   count: bitwise equal to an engine built for M = 4 from the same start.
+   count: bitwise equal to an engine built for M = 4 from the same start; likewise a
+   changed micro_batch_size.
 4. eval_batch(compute_loss=True) with a per-micro-batch list equals the tensor form.
 """
 
@@ -35,10 +36,10 @@ def params(model):
     return [p.numpy().copy() for p in model.parameters()]
 
 
-def build(hcg, vpp, m, delay=True):
+def build(hcg, vpp, m, delay=True, mbs=MBS):
     paddle.seed(0)
     model = pipeline_model(VOCAB, HIDDEN, SEQ, blocks=PP * vpp, pp=PP, vpp=vpp)
-    engine = PipelineEngine(model, hcg, PipelineSettings(m, MBS, delay_scale_loss=delay))
+    engine = PipelineEngine(model, hcg, PipelineSettings(m, mbs, delay_scale_loss=delay))
     opt = fleet.distributed_optimizer(paddle.optimizer.Adam(1e-2, parameters=model.parameters()))
     return model, engine, opt
 
@@ -132,6 +133,17 @@ def main():
                                  [labels[i * MBS:(i + 1) * MBS] for i in range(4)]], compute_loss=True)
     assert np.array_equal(whole.numpy(), split.numpy())
     print(f"rank {stage}: accumulate_steps 3 -> 4 and eval_batch ok", flush=True)
+
+    model_a, engine_a, opt_a = build(hcg, 1, 4)
+    model_b, engine_b, opt_b = build(hcg, 1, 4, mbs=1)
+    engine_a.micro_batch_size = 1  # a changed micro-batch size: the step splits by it
+    ids, labels = batch(0, 4, SEQ, VOCAB)
+    la = trainer_step(engine_a, model_a, opt_a, [ids, labels], 4)
+    lb = trainer_step(engine_b, model_b, opt_b, [ids, labels], 4)
+    assert np.array_equal(la.numpy(), lb.numpy())
+    for a, b in zip(params(model_a), params(model_b)):
+        assert np.array_equal(a, b), "micro_batch_size changed between steps"
+    print(f"rank {stage}: micro_batch_size 2 -> 1 ok", flush=True)
     print(f"rank {stage}: all surface checks passed", flush=True)
 
 
