@@ -2,14 +2,17 @@
 #   make demo   set up .venv (Paddle + this plugin, built) and run the main job:
 #               the doctor report, then a pipeline-parallel training demo on 2 CPU ranks
 #   make test   set up .venv the same way and run the test suite
-# PADDLE selects the Paddle release, VENV the environment folder, PYTEST_ARGS extra pytest
+# PADDLE selects the Paddle release, VENV the environment folder, EXTRAS more of
+# pyproject's extras to install (e.g. EXTRAS=paddleformers), PYTEST_ARGS extra pytest
 # arguments.
 
 PADDLE ?= 3.3.1
+EXTRAS ?=
 VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.paddle-ext-installed
+comma := ,
 NATIVE_SOURCES := $(shell find csrc tools -type f 2>/dev/null) setup.py pyproject.toml
 
 .PHONY: setup demo test lint clean
@@ -20,7 +23,7 @@ $(STAMP): $(NATIVE_SOURCES)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q "paddlepaddle==$(PADDLE)"
-	$(PY) -m pip install -q -e ".[test,plot]"
+	$(PY) -m pip install -q -e ".[test,plot$(if $(EXTRAS),$(comma)$(EXTRAS))]"
 	$(PY) -c "import paddle; assert paddle.__version__ == '$(PADDLE)', paddle.__version__"
 	touch $@
 

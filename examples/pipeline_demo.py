@@ -33,24 +33,31 @@ def parse_args(argv=None):
 
 
 def launch(args) -> int:
-    os.makedirs(args.out, exist_ok=True)
+    return launch_ranks(__file__, PP, args.out, ["--steps", str(args.steps), "--out", args.out], args.timeout,
+                        "[demo]", lambda line: line.startswith("[demo]") or "Error" in line)
+
+
+def launch_ranks(script: str, nproc: int, out: str, script_args: list, timeout: float, tag: str,
+                 keep) -> int:
+    """Starts `script` on `nproc` ranks through paddle.distributed.launch (logs in
+    OUT/logs) and prints the lines of rank 0's log that `keep` selects."""
+    os.makedirs(out, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PADDLE_EXT_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(PP),
-           "--log_dir", os.path.join(args.out, "logs"), os.path.abspath(__file__),
-           "--steps", str(args.steps), "--out", args.out]
-    print(f"[demo] starting {PP} ranks: logs in {os.path.join(args.out, 'logs')}", flush=True)
+    cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
+           "--log_dir", os.path.join(out, "logs"), os.path.abspath(script), *script_args]
+    print(f"{tag} starting {nproc} ranks: logs in {os.path.join(out, 'logs')}", flush=True)
     try:
-        rc = subprocess.run(cmd, env=env, timeout=args.timeout, stdout=subprocess.DEVNULL,
+        rc = subprocess.run(cmd, env=env, timeout=timeout, stdout=subprocess.DEVNULL,
                             stderr=subprocess.STDOUT).returncode
     except subprocess.TimeoutExpired:
-        print(f"[demo] no result within {args.timeout:.0f} s", flush=True)
+        print(f"{tag} no result within {timeout:.0f} s", flush=True)
         rc = 1
-    log = os.path.join(args.out, "logs", "workerlog.0")
+    log = os.path.join(out, "logs", "workerlog.0")
     if os.path.exists(log):
         with open(log, errors="replace") as f:
-            lines = [line for line in f if line.startswith("[demo]") or "Error" in line]
+            lines = [line for line in f if keep(line)]
         sys.stdout.write("".join(lines))
-    print(f"[demo] {'finished' if rc == 0 else f'FAILED (exit {rc})'}", flush=True)
+    print(f"{tag} {'finished' if rc == 0 else f'FAILED (exit {rc})'}", flush=True)
     return rc
 
 

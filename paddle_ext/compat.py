@@ -380,6 +380,22 @@ def hybrid_communicate_group_class():
     return HybridCommunicateGroup
 
 
+def pipeline_dataset_preprocessor_classes() -> tuple:
+    """(PipelineDatasetPreprocessor,) where Paddle has it (3.x: the callable a trainer
+    passes as forward_backward_pipeline's data), () on 2.6."""
+    from paddle.distributed.fleet.meta_parallel import pipeline_parallel
+
+    cls = getattr(pipeline_parallel, "PipelineDatasetPreprocessor", None)
+    return (cls,) if cls is not None else ()
+
+
+def grad_enabled() -> bool:
+    """Whether the dygraph tracer records gradients (paddle.no_grad() switches it off)."""
+    from paddle.base import framework
+
+    return bool(framework._dygraph_tracer()._has_grad)
+
+
 def current_expected_place() -> Any:
     """The place new tensors go to (paddle.set_device's): _current_expected_place_
     on 3.x, _current_expected_place on 2.6."""
@@ -418,3 +434,11 @@ def fused_rms_norm_op_name() -> str | None:
                 return None  # the new op only: this release's fused_rms_norm calls something else
             return name
     return None
+def c_concat_owners() -> list:
+    """Modules whose `c_concat` (3.x signature: x, rank, nranks, ring_id, use_calc_stream,
+    use_model_parallel) fleet's mp_ops._c_concat calls in dygraph: 3.x's _C_ops; 2.6
+    calls _legacy_C_ops with attribute pairs, left alone."""
+    import paddle
+
+    ops = getattr(paddle, "_C_ops", None)
+    return [ops] if paddle_version()[0] >= 3 and ops is not None and hasattr(ops, "c_concat") else []

@@ -2,9 +2,10 @@
 
 Upstream #46761 added `*_on_calc_stream` communication for NCCL; gloo raises
 "Unimplemented" for all of them, and c_identity (the other half of every
-model-parallel all-reduce) has no CPU kernel, so fleet's model-parallel layers
-(e.g. VocabParallelEmbedding) cannot run on CPU. This unit gives the gloo class
-synchronous implementations and c_identity a CPU path; NCCL, XPU and custom
+model-parallel all-reduce) has no CPU kernel, nor c_concat (a tensor-parallel head's
+gather) and its gradient c_split, so fleet's model-parallel layers (e.g.
+VocabParallelEmbedding) cannot run on CPU. This unit gives the gloo class
+synchronous implementations and c_identity and c_concat (3.x) a CPU path; NCCL, XPU and custom
 devices are untouched. With 4 or more gloo ranks, fleet's topology set-up also
 fails: ProcessGroupGloo rendezvous with unprefixed keys in the job's one store,
 so each gloo group now gets a store of its own (paddle_ext.comm.gloo).
@@ -13,7 +14,12 @@ so each gloo group now gets a store of its own (paddle_ext.comm.gloo).
 from __future__ import annotations
 
 from paddle_ext import compat
-from paddle_ext.comm.gloo import CALC_STREAM_METHODS, cpu_c_identity, private_store_process_groups
+from paddle_ext.comm.gloo import (
+    CALC_STREAM_METHODS,
+    cpu_c_concat,
+    cpu_c_identity,
+    private_store_process_groups,
+)
 from paddle_ext.patches._unit import Patcher, PatchUnit
 
 
@@ -23,6 +29,8 @@ def _apply(patcher: Patcher) -> None:
         patcher.swap(cls, name, fn)
     for owner in compat.c_identity_owners():
         patcher.swap(owner, "c_identity", cpu_c_identity(owner.c_identity))
+    for owner in compat.c_concat_owners():
+        patcher.swap(owner, "c_concat", cpu_c_concat(owner.c_concat))
     collective = compat.collective_module()
     patcher.swap(collective, "_new_process_group_impl",
                  private_store_process_groups(collective._new_process_group_impl))

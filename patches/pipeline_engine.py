@@ -33,7 +33,8 @@ def _engine_distributed_model(original):
         hcg = compat.fleet_hcg()
         if (hcg is not None and hcg.get_pipe_parallel_world_size() > 1
                 and isinstance(model, compat.pipeline_layer_class())):
-            return PipelineEngine(model, hcg, PipelineSettings.from_strategy(compat.fleet_strategy()))
+            strategy = compat.fleet_strategy()
+            return PipelineEngine(model, hcg, PipelineSettings.from_strategy(strategy), strategy)
         return original(model)
 
     distributed_model.__paddle_ext_unit__ = "pipeline_engine"

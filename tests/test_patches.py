@@ -31,6 +31,7 @@ def patched_attributes():
                                          "recv_on_calc_stream", "broadcast_on_calc_stream",
                                          "all_gather_into_tensor_on_calc_stream")]
     owners += [(owner, "c_identity") for owner in compat.c_identity_owners()]
+    owners += [(owner, "c_concat") for owner in compat.c_concat_owners()]
     owners += [(compat.collective_module(), "_new_process_group_impl")]
     owners += [(module, "distributed_model") for module in compat.fleet_modules()]
     owners += [(compat.parallel_env_class(), "device_id")]
@@ -58,7 +59,7 @@ def test_series_file_lists_every_unit_with_its_upstream_pr():
     names = read_series()
     assert names == ["gloo_calc_stream", "c_embedding_check", "pipeline_engine", "fused_rotary", "fb_overlap",
                      "flash_attention", "comm_debug", "eager_connection", "device_synchronize",
-                     "fused_rms_norm"]
+                     "fused_rms_norm", "paddleformers_overlap"]
     for state in series().states:
         assert state.unit.upstream, state.unit.name
         assert all(isinstance(n, int) and n > 1000 for n in state.unit.upstream)

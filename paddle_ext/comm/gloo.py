@@ -61,6 +61,60 @@ def cpu_c_identity(original: Callable[..., Any]) -> Callable[..., Any]:
     return c_identity
 
 
+def cpu_c_concat(original: Callable[..., Any]) -> Callable[..., Any]:
+    """c_concat (3.x `_C_ops.c_concat(x, rank, nranks, ring_id, use_calc_stream,
+    use_model_parallel)`: the model-parallel all-gather along the last axis, e.g. a
+    tensor-parallel head's logits) with a CPU path: Paddle registers no CPU kernel for
+    it, nor for c_split, its gradient. On CPU: an all-gather over the ring's group and a
+    concat; the backward takes this rank's slice of the output gradient, as c_split
+    does. Other devices keep the original."""
+
+    def c_concat(tensor: Any, rank: int, nranks: int, ring_id: int, *args: Any, **kwargs: Any) -> Any:
+        if not tensor.place.is_cpu_place():
+            return original(tensor, rank, nranks, ring_id, *args, **kwargs)
+        from paddle_ext import compat
+
+        group = compat.group_map().get(int(ring_id))
+        if group is None:
+            raise ValueError(f"c_concat: ring_id = {ring_id} names no process group")
+        return _CpuConcat.apply(tensor, group, int(rank), int(nranks))
+
+    c_concat.__wrapped__ = original  # type: ignore[attr-defined]
+    return c_concat
+
+
+def _cpu_concat_class() -> Any:
+    import paddle
+    from paddle.autograd import PyLayer
+
+    class CpuConcat(PyLayer):
+        @staticmethod
+        def forward(ctx: Any, tensor: Any, group: Any, rank: int, nranks: int) -> Any:
+            ctx.rank, ctx.nranks = rank, nranks
+            parts: list = []
+            paddle.distributed.all_gather(parts, tensor, group=group, sync_op=True)
+            return paddle.concat(parts, axis=-1)
+
+        @staticmethod
+        def backward(ctx: Any, grad: Any) -> Any:
+            return paddle.split(grad, ctx.nranks, axis=-1)[ctx.rank]
+
+    return CpuConcat
+
+
+class _LazyConcat:
+    _cls: Any = None
+
+    @classmethod
+    def apply(cls, *args: Any) -> Any:
+        if cls._cls is None:
+            cls._cls = _cpu_concat_class()
+        return cls._cls.apply(*args)
+
+
+_CpuConcat = _LazyConcat
+
+
 def private_store_process_groups(original: Callable[..., Any]) -> Callable[..., Any]:
     """_new_process_group_impl that gives every gloo group its own TCPStore.
 

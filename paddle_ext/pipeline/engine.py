@@ -24,6 +24,11 @@ import paddle
 
 from paddle_ext import compat
 from paddle_ext.comm import eager, trace
+from paddle_ext.pipeline.fleet_surface import (
+    PipelineParallelSurface,
+    adopt_fleet_class,
+    micro_batch_data,
+)
 from paddle_ext.pipeline.grad_sync import GradReducer, GradSyncSettings
 from paddle_ext.pipeline.microbatch import MicroBatches
 from paddle_ext.pipeline.runtime.groups import link_groups, neighbour_groups
@@ -67,8 +72,11 @@ class StepStats:
     spans: list  # (position, action, start, end), wall clock; see pipeline.timeline
 
 
-class PipelineEngine(paddle.nn.Layer):
-    def __init__(self, layers: Any, hcg: Any, settings: PipelineSettings) -> None:
+class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
+    """Also an instance of Paddle's PipelineParallel (PipelineParallelWithInterleave for
+    vpp > 1) with the members trainers drive (pipeline/fleet_surface.py)."""
+
+    def __init__(self, layers: Any, hcg: Any, settings: PipelineSettings, strategy: Any = None) -> None:
         super().__init__()
         if not isinstance(layers, compat.pipeline_layer_class()):
             raise TypeError(f"pipeline parallelism needs a PipelineLayer model, got {type(layers).__name__}")
@@ -108,6 +116,8 @@ class PipelineEngine(paddle.nn.Layer):
                 f"pp_configs.forward_backward_overlap_scheduler is on but {type(layers).__name__} "
                 "defines no overlapped_forward_backward: each overlapped F&B step runs as its "
                 "forward, then its backward", UserWarning, stacklevel=2)
+        self._init_fleet_surface(strategy)
+        adopt_fleet_class(self)
 
     # the schedule ------------------------------------------------------------------
     def set_schedule(self, schedule: Schedule, check: bool = True) -> None:
@@ -147,16 +157,30 @@ class PipelineEngine(paddle.nn.Layer):
         if not 0 <= loss_fn_idx < len(loss_fns) or loss_fns[loss_fn_idx] is None:
             raise ValueError(f"loss_fn_idx = {loss_fn_idx} names no loss function of the PipelineLayer "
                              f"(it has {len(loss_fns)})")
+        self.loss_fn_idx = loss_fn_idx
         self._layers.train()
+        loss = self._forward_backward(data, optimizer, scaler, return_micro_batch_loss, scale_accumulation=True)
+        self._optimizer_step(optimizer, lr_scheduler, scaler)
+        return loss
+
+    def _forward_backward(self, data: Any, optimizer: Any, scaler: Any, per_microbatch: bool,
+                          scale_accumulation: bool) -> paddle.Tensor:
+        """The schedule, the tied-weight all-reduce and the dp/sharding reduction; the
+        loss. scale_accumulation: under delay_scale_loss the reduction also scales by
+        1/accumulate_steps (train_batch; forward_backward_pipeline leaves that to its
+        caller, as Paddle's does)."""
+        m = self.accumulate_steps
+        if m < self.num_stages:
+            raise ValueError(f"accumulate_steps = {m} is not allowed: must be >= pp_degree = {self.num_stages}")
+        loss_fn = compat.pipeline_loss_fns(self._layers)[self.loss_fn_idx]
         if self._grad_sync is not None:
-            self._grad_sync.begin_step(optimizer, self.schedule().ranks[self.stage_id])
-        losses = self._run(data, loss_fns[loss_fn_idx], scaler, compute_loss=True)
+            self._grad_sync.begin_step(optimizer, self.schedule(m).ranks[self.stage_id], microbatches=m,
+                                       scale_accumulation=scale_accumulation and self.settings.delay_scale_loss)
+        losses = self._run(data, loss_fn, scaler, compute_loss=True)
         self._layers.allreduce_shared_weight_gradients()
         if self._grad_sync is not None:  # the late buckets, then wait for every bucket
             self._grad_sync.finish()
-        loss = self._broadcast_loss(losses, return_micro_batch_loss)
-        self._optimizer_step(optimizer, lr_scheduler, scaler)
-        return loss
+        return self._broadcast_loss(losses, per_microbatch)
 
     def _run(self, data: Any, loss_fn: Any, scaler: Any, compute_loss: bool) -> list:
         m = self.accumulate_steps
@@ -260,12 +284,18 @@ class PipelineEngine(paddle.nn.Layer):
 
     # evaluation --------------------------------------------------------------------
     @paddle.no_grad()
-    def eval_batch(self, data: Any, compute_loss: bool = False, loss_fn_idx: int = 0) -> Any:
+    def eval_batch(self, data: Any, compute_loss: bool = False, loss_fn_idx: int = 0,
+                   return_host_tensor: bool = False) -> Any:
         """Forward only, micro-batch after micro-batch; returns the loss (compute_loss)
-        or, on the last stage, the outputs of every micro-batch (None elsewhere)."""
+        or, on the last stage, the outputs of every micro-batch (None elsewhere; on the
+        host with return_host_tensor). `data` as for train_batch, or a
+        PipelineDatasetPreprocessor."""
         self._layers.eval()
+        self.set_virtual_pipeline_rank(0)
         m = self.accumulate_steps
-        batches = MicroBatches(data, m, self.micro_batch_size)
+        if isinstance(data, compat.pipeline_dataset_preprocessor_classes()):
+            data = data()
+        batches = MicroBatches(micro_batch_data(data, m), m, self.micro_batch_size)
         loss_fn = compat.pipeline_loss_fns(self._layers)[loss_fn_idx] if compute_loss else None
         pp, rank = self.num_stages, self.stage_id
         outputs, losses = [], []
@@ -282,7 +312,7 @@ class PipelineEngine(paddle.nn.Layer):
                     loss = loss_fn(y, batches.labels(mb))
                     losses.append(loss / m if m > 1 and not self.settings.delay_scale_loss else loss)
                 else:
-                    outputs.append(y)
+                    outputs.append(y.cpu() if return_host_tensor else y)
         if compute_loss:
             return self._broadcast_loss(losses, per_microbatch=False)
         return outputs if rank == pp - 1 else None

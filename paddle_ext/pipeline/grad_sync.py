@@ -43,6 +43,7 @@ equal by construction, only the timing differs.
 
 from __future__ import annotations
 
+import atexit
 import functools
 import os
 import time
@@ -151,7 +152,8 @@ class GradReducer:
         self.sharding_rank = hcg.get_sharding_parallel_rank() if self.sharding > 1 else 0
         self.dp_group = hcg.get_data_parallel_group() if self.dp > 1 else None
         self.sharding_group = hcg.get_sharding_parallel_group() if self.sharding > 1 else None
-        self.scale = 1.0 / (self.dp * self.sharding) / (microbatches if delay_scale_loss else 1)
+        self.delay_scale_loss = delay_scale_loss
+        self.scale = self._scale_for(microbatches, delay_scale_loss)
         self.device = compat.tensor_device_kind()
         overlap = self.overlap
         if overlap and self.device not in ("cpu", "gpu"):
@@ -173,6 +175,9 @@ class GradReducer:
         self._records: dict[int, BucketRecord] = {}
         self.last: Optional[SyncStats] = None
         self._broadcast_parameters()
+        # Worker threads end before the interpreter finalizes (a daemon thread still in a
+        # gloo wait during finalization aborted the process with SIGABRT).
+        atexit.register(_close_at_exit, weakref.ref(self))
 
     @classmethod
     def for_engine(cls, layers: Any, hcg: Any, microbatches: int, delay_scale_loss: bool,
@@ -277,14 +282,31 @@ class GradReducer:
 
         return hook
 
+    def _scale_for(self, microbatches: int, scale_accumulation: bool) -> float:
+        return 1.0 / (self.dp * self.sharding) / (microbatches if scale_accumulation else 1)
+
     # --- one step ------------------------------------------------------------------
-    def begin_step(self, optimizer: Any, actions: Sequence[Any]) -> None:
-        """Before a step: `actions` is this rank's lowered schedule (its GS<c> order is
-        the order of the chunks' buckets)."""
+    def prepare(self, optimizer: Any, actions: Sequence[Any]) -> None:
+        """Builds the buckets (once; they need the optimizer for sharding owners):
+        `actions` is this rank's lowered schedule (its GS<c> order is the order of the
+        chunks' buckets)."""
         if self.buckets is None:
             from paddle_ext.pipeline.schedule.ir import GradSync
 
             self._build(optimizer, [a.chunk for a in actions if isinstance(a, GradSync)])
+
+    def begin_step(self, optimizer: Any, actions: Sequence[Any], microbatches: Optional[int] = None,
+                   scale_accumulation: Optional[bool] = None) -> None:
+        """Before a step (see prepare for `actions`). microbatches: this step's
+        micro-batch count (default: the constructor's); scale_accumulation: the last
+        collective also scales by 1 / microbatches (default: delay_scale_loss; False
+        where the caller scales the gradients itself, as PaddleFormers' Trainer does)."""
+        self.prepare(optimizer, actions)
+        if microbatches is not None and microbatches != self.microbatches:
+            self.microbatches = microbatches
+            self._learned = 0  # per-step gradient counts changed: launch at GradSync until relearned
+        accumulation = self.delay_scale_loss if scale_accumulation is None else scale_accumulation
+        self.scale = self._scale_for(self.microbatches, accumulation)
         disable_optimizer_reduction(optimizer)
         for b in self.buckets:
             b.reset(self.microbatches)
@@ -404,6 +426,12 @@ class GradReducer:
                 rec.tickets = []
             out.append(rec)
         return out
+
+
+def _close_at_exit(reducer: Callable[[], Optional[GradReducer]]) -> None:
+    live = reducer()
+    if live is not None:
+        live.close()
 
 
 def _find_in_chain(optimizer: Any, attr: str) -> Any:

@@ -1,0 +1,151 @@
+"""Rank script: Paddle's PipelineParallel surface of the engine, as trainers drive it (pp = 2).
+
+Usage: fleet_surface.py
+
+1. fleet.distributed_model returns an engine that is an instance of Paddle's
+   PipelineParallel (and PipelineParallelWithInterleave for vpp 2); a Paddle member the
+   engine does not offer raises UnsupportedMember naming it (hasattr is False).
+2. The Trainer's way: _prepare_training + forward_backward_pipeline (data as a
+   PipelineDatasetPreprocessor where Paddle has it) + grads scaled by 1/M + the
+   optimizer step, 3 steps, is bitwise equal to train_batch with delay_scale_loss; the
+   loss too.
+3. accumulate_steps changed between steps (M 3 -> 4) runs the schedule for the new
+   count: bitwise equal to an engine built for M = 4 from the same start; likewise a
+   changed micro_batch_size.
+4. eval_batch(compute_loss=True) with a per-micro-batch list equals the tensor form.
+"""
+
+import sys
+
+import numpy as np
+import paddle
+import paddle.distributed.fleet as fleet
+
+sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
+
+import paddle_ext  # noqa: E402
+from examples.tiny_gpt import batch, pipeline_model  # noqa: E402
+from paddle_ext import compat  # noqa: E402
+from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings  # noqa: E402
+from paddle_ext.pipeline.fleet_surface import UnsupportedMember  # noqa: E402
+
+VOCAB, HIDDEN, SEQ, MBS, STEPS, PP = 32, 16, 8, 2, 3, 2
+
+
+def params(model):
+    return [p.numpy().copy() for p in model.parameters()]
+
+
+def build(hcg, vpp, m, delay=True, mbs=MBS):
+    paddle.seed(0)
+    model = pipeline_model(VOCAB, HIDDEN, SEQ, blocks=PP * vpp, pp=PP, vpp=vpp)
+    engine = PipelineEngine(model, hcg, PipelineSettings(m, mbs, delay_scale_loss=delay))
+    opt = fleet.distributed_optimizer(paddle.optimizer.Adam(1e-2, parameters=model.parameters()))
+    return model, engine, opt
+
+
+def trainer_step(engine, model, opt, data, m):
+    """What PaddleFormers' Trainer does per optimizer step."""
+    preprocessors = compat.pipeline_dataset_preprocessor_classes()
+    wrapped = preprocessors[0](lambda: engine._prepare_training(data, opt, None)) if preprocessors else \
+        engine._prepare_training(data, opt, None)
+    loss = engine.forward_backward_pipeline(wrapped, None)
+    with paddle.no_grad():
+        for p in model.parameters():
+            if p.grad is not None:
+                p.grad.scale_(1.0 / m)
+    opt.step()
+    opt.clear_grad()
+    return loss
+
+
+def check_classes(hcg, stage):
+    meta = compat.meta_parallel_module()
+    for vpp in (1, 2):
+        paddle.seed(0)
+        model = pipeline_model(VOCAB, HIDDEN, SEQ, blocks=PP * vpp, pp=PP, vpp=vpp)
+        engine = fleet.distributed_model(model) if vpp == 1 else PipelineEngine(model, hcg, PipelineSettings(4, MBS))
+        assert isinstance(engine, PipelineEngine) and isinstance(engine, meta.PipelineParallel), type(engine).__mro__
+        assert isinstance(engine, meta.PipelineParallelWithInterleave) == (vpp > 1), type(engine).__mro__
+        assert engine.is_pipeline_first_stage(ignore_virtual=True) == (stage == 0)
+        assert engine.is_pipeline_last_stage(ignore_virtual=True) == (stage == PP - 1)
+        assert not engine._dp_comm_overlap and not engine._sharding_comm_overlap
+        assert engine._chunk_2_comm_buffers == {}
+        engine._p2p_helper.clear_meta_cache()
+    assert not hasattr(engine, "timer_printer")
+    try:
+        engine.timer_printer()
+    except UnsupportedMember as err:
+        assert "PipelineParallel.timer_printer is not supported" in str(err), err
+    else:
+        raise AssertionError("timer_printer did not raise")
+    try:
+        engine.forward_backward_pipeline(None, static_scheduler=True)
+    except UnsupportedMember as err:
+        assert "static_scheduler=True" in str(err), err
+    else:
+        raise AssertionError("static_scheduler=True did not raise")
+    engine._prepare_pipeline_inputs_func = len  # trainers assign it
+    assert engine._prepare_pipeline_inputs_func is len
+
+
+def main():
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": PP,
+                               "pp_configs": {"delay_scale_loss": True}}
+    strategy.pipeline_configs = {"accumulate_steps": 4, "micro_batch_size": MBS}
+    paddle_ext.enable()
+    fleet.init(is_collective=True, strategy=strategy)
+    hcg = fleet.get_hybrid_communicate_group()
+    stage = hcg.get_stage_id()
+    check_classes(hcg, stage)
+    print(f"rank {stage}: classes and unsupported members ok", flush=True)
+
+    for vpp, m in ((1, 3), (2, 5)):
+        model_a, engine_a, opt_a = build(hcg, vpp, m)
+        model_b, engine_b, opt_b = build(hcg, vpp, m)
+        for step in range(STEPS):
+            ids, labels = batch(step, m * MBS, SEQ, VOCAB)
+            la = engine_a.train_batch([ids, labels], opt_a)
+            lb = trainer_step(engine_b, model_b, opt_b, [ids, labels], m)
+            assert np.array_equal(la.numpy(), lb.numpy()), (step, la.numpy(), lb.numpy())
+        for a, b in zip(params(model_a), params(model_b)):
+            assert np.array_equal(a, b), f"vpp={vpp} M={m}: forward_backward_pipeline path != train_batch"
+        print(f"rank {stage}: vpp={vpp} M={m}: forward_backward_pipeline == train_batch bitwise", flush=True)
+
+    model_a, engine_a, opt_a = build(hcg, 1, 3)
+    model_b, engine_b, opt_b = build(hcg, 1, 4)
+    ids, labels = batch(0, 3 * MBS, SEQ, VOCAB)
+    engine_a.train_batch([ids, labels], opt_a)
+    engine_b.accumulate_steps = 3
+    engine_b.train_batch([ids, labels], opt_b)
+    engine_a.accumulate_steps = 4
+    engine_b.accumulate_steps = 4
+    ids, labels = batch(1, 4 * MBS, SEQ, VOCAB)
+    la = trainer_step(engine_a, model_a, opt_a, [ids, labels], 4)
+    lb = trainer_step(engine_b, model_b, opt_b, [ids, labels], 4)
+    assert np.array_equal(la.numpy(), lb.numpy())
+    for a, b in zip(params(model_a), params(model_b)):
+        assert np.array_equal(a, b), "accumulate_steps changed between steps"
+    ids, labels = batch(2, 4 * MBS, SEQ, VOCAB)
+    whole = engine_a.eval_batch([ids, labels], compute_loss=True)
+    split = engine_a.eval_batch([[ids[i * MBS:(i + 1) * MBS] for i in range(4)],
+                                 [labels[i * MBS:(i + 1) * MBS] for i in range(4)]], compute_loss=True)
+    assert np.array_equal(whole.numpy(), split.numpy())
+    print(f"rank {stage}: accumulate_steps 3 -> 4 and eval_batch ok", flush=True)
+
+    model_a, engine_a, opt_a = build(hcg, 1, 4)
+    model_b, engine_b, opt_b = build(hcg, 1, 4, mbs=1)
+    engine_a.micro_batch_size = 1  # a changed micro-batch size: the step splits by it
+    ids, labels = batch(0, 4, SEQ, VOCAB)
+    la = trainer_step(engine_a, model_a, opt_a, [ids, labels], 4)
+    lb = trainer_step(engine_b, model_b, opt_b, [ids, labels], 4)
+    assert np.array_equal(la.numpy(), lb.numpy())
+    for a, b in zip(params(model_a), params(model_b)):
+        assert np.array_equal(a, b), "micro_batch_size changed between steps"
+    print(f"rank {stage}: micro_batch_size 2 -> 1 ok", flush=True)
+    print(f"rank {stage}: all surface checks passed", flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,332 @@
+"""Rank script: PaddleFormers' own Trainer drives paddle_ext's pipeline engine.
+
+Usage: paddleformers_trainer.py CONFIG[,CONFIG...] OUT_DIR
+
+CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
+        b  pp2 vpp2, accumulation 5, forward_backward_overlap_scheduler (2 ranks)
+        c  pp2 x dp2                          (4 ranks)
+        d  pp2 x dp2, dp_comm_overlap         (4 ranks)
+        e  pp2 x sharding2 stage 1            (4 ranks)
+        f  pp2 x tensor parallel 2            (4 ranks)
+
+CONFIG may name several, comma-separated, for one topology and accumulation count (c,d):
+each gets its own Trainer in this process (a second fleet.init in one process keeps the
+first strategy's pipeline_configs, so configs with another accumulation count need a
+launch of their own). After a: evaluate() against the reference's
+eval loss, and a run saved at step 2 and resumed with resume_from_checkpoint against
+the uninterrupted run.
+
+A tiny LlamaForCausalLMPipe (float32, eager attention, a causal start/end-row mask,
+fuse_rms_norm at PaddleFormers' default) trains 3 steps through Trainer.train(); its
+weights come from a single-process LlamaForCausalLM built with the same seed, which
+then trains over the same data in this process by hand (every micro-batch's loss
+backward, gradients summed, scaled by 1 / (micro-batches of the step), AdamW as the
+Trainer's). Each rank writes OUT_DIR/result.<config>.<rank>.json: the Trainer's logged losses,
+the reference's, and per parameter of its stage the max relative difference.
+"""
+
+import json
+import os
+import sys
+
+import numpy as np
+import paddle
+import paddle.distributed as dist
+
+import paddle_ext
+
+paddle_ext.enable()  # before PaddleFormers sets up fleet: the plugin's engine serves fleet.distributed_model
+
+from paddleformers.trainer import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
+from paddleformers.transformers import LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe  # noqa: E402
+
+VOCAB, HIDDEN, SEQ, LAYERS, STEPS, LR, SEED = 64, 16, 8, 4, 3, 1e-2, 1234
+
+CONFIGS = {
+    "a": dict(acc=4, eval_resume=True),
+    "b": dict(acc=5, vpp=2, forward_backward_overlap_scheduler=True),
+    "c": dict(acc=4, dp=2),
+    "d": dict(acc=4, dp=2, dp_comm_overlap=True),
+    "e": dict(acc=4, sharding=2),
+    "f": dict(acc=4, tp=2),
+}
+
+
+def model_config(cfg, tp):
+    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+                         num_hidden_layers=LAYERS, num_attention_heads=2, num_key_value_heads=2,
+                         max_position_embeddings=4 * SEQ, dtype="float32")
+    config._attn_implementation = "eager"
+    if cfg.get("vpp", 1) > 1:
+        config.virtual_pipeline_model_parallel_size = cfg["vpp"]
+    config.tensor_model_parallel_size = tp
+    # Gathered logits and the plain cross entropy: Paddle's parallel cross entropy
+    # (c_softmax_with_cross_entropy) has no CPU kernel.
+    config.tensor_parallel_output = False
+    return config
+
+
+class Samples(paddle.io.Dataset):
+    """Fixed token sequences (no token 0: LlamaModel's embedding has padding_idx 0,
+    the pipe's has none) with labels and a causal start/end-row mask (int32: the pipe
+    decoder tells it from a dense mask by its dtype)."""
+
+    def __init__(self, count):
+        rng = np.random.RandomState(7)
+        self.ids = rng.randint(1, VOCAB, size=(count, SEQ + 1)).astype("int64")
+
+    def __len__(self):
+        return len(self.ids)
+
+    def __getitem__(self, i):
+        return {"input_ids": self.ids[i, :-1], "labels": self.ids[i, 1:],
+                "attn_mask_startend_row_indices": np.full([1, SEQ], SEQ, dtype="int32")}
+
+
+def collate(features):
+    """Stacks each key keeping its dtype (the default collator turns the int32 mask into int64)."""
+    return {k: paddle.to_tensor(np.stack([f[k] for f in features])) for k in features[0]}
+
+
+class LossLog(TrainerCallback):
+    """The losses the Trainer logs, and the first step's gradients as the optimizer gets them
+    (after the Trainer's 1 / accumulation scaling)."""
+
+    def __init__(self, pipe):
+        self.losses = []
+        self.pipe = pipe
+        self.first_grads = None
+
+    def on_optimizer_begin(self, args, state, control, **kwargs):
+        if self.first_grads is None:
+            self.first_grads = {k: (None if p.grad is None else p.grad.numpy().copy())
+                                for k, p in paddle.nn.Layer.state_dict(self.pipe).items()}
+
+    def on_log(self, args, state, control, logs=None, **kwargs):
+        if logs and "loss" in logs:
+            self.losses.append(float(logs["loss"]))
+
+
+def reference_model(config):
+    paddle.seed(SEED)
+    ref_config = LlamaConfig(**{**config.to_dict(), "tensor_model_parallel_size": 1})
+    ref_config._attn_implementation = "eager"
+    return LlamaForCausalLM(ref_config)
+
+
+def copy_weights(ref, pipe):
+    """The pipe's parameters from the reference, by structure name: the pipe names
+    layers embed / decoder i / norm / head after their LayerDescs."""
+    ref_state = ref.state_dict()
+    pipe._set_pipeline_name_mapping()
+    mapping = pipe._pp_to_single_mapping
+    pipe_state = paddle.nn.Layer.state_dict(pipe)
+    done = {}
+    for pipe_key, tensor in pipe_state.items():
+        ref_key = mapping.get(pipe_key)
+        if ref_key is None or ref_key not in ref_state:
+            raise KeyError(f"no reference parameter for {pipe_key} (mapped to {ref_key})")
+        src = ref_state[ref_key]
+        if tuple(src.shape) != tuple(tensor.shape):  # tensor parallel: this rank's slice
+            src = tp_slice(src, tensor, pipe_key)
+        tensor.set_value(src)
+        done[pipe_key] = ref_key
+    return done
+
+
+def tp_slice(full, part, name):
+    from paddle.distributed import fleet
+
+    hcg = fleet.get_hybrid_communicate_group()
+    rank, world = hcg.get_model_parallel_rank(), hcg.get_model_parallel_world_size()
+    full = full.numpy()
+    for axis in range(full.ndim):
+        if full.shape[axis] == part.shape[axis] * world:
+            size = part.shape[axis]
+            return paddle.to_tensor(np.take(full, range(rank * size, (rank + 1) * size), axis=axis))
+    raise ValueError(f"{name}: cannot slice {full.shape} into {part.shape}")
+
+
+def training_args(name, cfg, out_dir, **extra):
+    sharding, tp = cfg.get("sharding", 1), cfg.get("tp", 1)
+    kwargs = dict(
+        output_dir=os.path.join(out_dir, f"ckpt-{name}"), per_device_train_batch_size=1,
+        per_device_eval_batch_size=1, gradient_accumulation_steps=cfg["acc"], max_steps=STEPS,
+        learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        max_grad_norm=0.0, logging_steps=1, save_strategy="no", seed=SEED, dataloader_shuffle=False,
+        disable_tqdm=True, report_to="none", pipeline_model_parallel_size=2,
+        tensor_model_parallel_size=tp, sharding_parallel_size=sharding,
+        sharding="stage1" if sharding > 1 else "", split_param=False,
+        forward_backward_overlap_scheduler=cfg.get("forward_backward_overlap_scheduler", False),
+        dp_comm_overlap=cfg.get("dp_comm_overlap", False), do_train=True, amp_master_grad=False,
+    )
+    kwargs.update(extra)
+    return TrainingArguments(**kwargs)
+
+
+def reference_run(config, cfg, dataset, steps):
+    """Parameters and per-step losses of the single-process reference."""
+    ref = reference_model(config)
+    opt = paddle.optimizer.AdamW(LR, parameters=ref.parameters(), weight_decay=0.0,
+                                 beta1=0.9, beta2=0.999, epsilon=1e-8)
+    replicas = cfg.get("dp", 1) * cfg.get("sharding", 1)
+    per_step = cfg["acc"] * replicas
+    losses = []
+    for step in range(steps):
+        total = paddle.zeros([])
+        for i in range(step * per_step, (step + 1) * per_step):
+            item = dataset[i]
+            out = ref(input_ids=paddle.to_tensor(item["input_ids"][None]),
+                      labels=paddle.to_tensor(item["labels"][None]),
+                      attn_mask_startend_row_indices=paddle.to_tensor(item["attn_mask_startend_row_indices"][None]))
+            loss = out[0] if isinstance(out, (tuple, list)) else out.loss
+            loss.backward()
+            total += loss.detach()
+        with paddle.no_grad():  # as the engine's reduction (1 / replicas) and the Trainer (1 / acc) scale
+            for p in ref.parameters():
+                if p.grad is not None:
+                    if replicas > 1:
+                        p.grad.scale_(1.0 / replicas)
+                    p.grad.scale_(1.0 / cfg["acc"])
+        if step == 0:
+            ref.first_grads = {k: (None if t.grad is None else t.grad.numpy().copy()) for k, t in ref.state_dict().items()}
+        opt.step()
+        opt.clear_grad()
+        losses.append(float(total.numpy()) / per_step)
+    return ref, losses
+
+
+def compare(pipe, ref, mapping):
+    """Max relative difference per parameter of this rank (its tensor-parallel slice of
+    the reference where it holds one)."""
+    ref_state = ref.state_dict()
+    worst = {}
+    for pipe_key, tensor in paddle.nn.Layer.state_dict(pipe).items():
+        want = ref_state[mapping[pipe_key]]
+        if tuple(want.shape) != tuple(tensor.shape):
+            want = tp_slice(want, tensor, pipe_key)
+        want = want.numpy().astype(np.float64)
+        got = tensor.numpy().astype(np.float64)
+        scale = max(np.max(np.abs(want)), 1e-30)
+        worst[pipe_key] = float(np.max(np.abs(got - want)) / scale)
+    return worst
+
+
+def sharding_owned(trainer):
+    """Under sharding stage 1 a rank holds the reduced gradient only of the parameters it
+    updates (the optimizer's _param2rank); None: every parameter."""
+    from paddle.distributed import fleet
+
+    hcg = fleet.get_hybrid_communicate_group()
+    if hcg.get_sharding_parallel_world_size() == 1:
+        return None
+    opt, param2rank = trainer.optimizer, None
+    while opt is not None and param2rank is None:
+        param2rank = vars(opt).get("_param2rank")
+        opt = vars(opt).get("_inner_opt")
+    me = hcg.get_sharding_parallel_rank()
+    return {name for name, rank in param2rank.items() if rank == me}
+
+
+def compare_grads(got, want, pipe, mapping, owned=None):
+    """Max relative difference of the first step's gradients per parameter of this rank
+    (relative to the reference gradient's largest magnitude); with `owned` (parameter
+    names), only those."""
+    state = paddle.nn.Layer.state_dict(pipe)
+    out = {}
+    for key, grad in got.items():
+        if owned is not None and state[key].name not in owned:
+            continue
+        ref_grad = want.get(mapping[key])
+        if grad is None or ref_grad is None:
+            out[key] = None if grad is None and ref_grad is None else -1.0
+            continue
+        ref_grad = paddle.to_tensor(ref_grad)
+        if tuple(ref_grad.shape) != tuple(grad.shape):
+            ref_grad = tp_slice(ref_grad, state[key], key)
+        ref_grad = ref_grad.numpy().astype(np.float64)
+        out[key] = float(np.max(np.abs(grad - ref_grad)) / max(np.max(np.abs(ref_grad)), 1e-30))
+    return out
+
+
+def digest(pipe):
+    """A hash of every parameter's bytes: equal digests, bitwise equal parameters."""
+    import hashlib
+
+    h = hashlib.sha256()
+    for key, tensor in sorted(paddle.nn.Layer.state_dict(pipe).items()):
+        h.update(key.encode())
+        h.update(tensor.numpy().tobytes())
+    return h.hexdigest()
+
+
+def train(name, cfg, out_dir, dataset, resume=None, max_steps=STEPS, save_steps=None):
+    extra = {"max_steps": max_steps}
+    if save_steps:
+        extra.update(save_strategy="steps", save_steps=save_steps)
+    args = training_args(name, cfg, out_dir, **extra)
+    config = model_config(cfg, cfg.get("tp", 1))
+    pipe = LlamaForCausalLMPipe(config)
+    mapping = copy_weights(reference_model(config), pipe)
+    log = LossLog(pipe)
+    trainer = Trainer(model=pipe, args=args, train_dataset=dataset, eval_dataset=dataset, data_collator=collate,
+                      callbacks=[log])
+    trainer.train(resume_from_checkpoint=resume)
+    trainer.first_grads = log.first_grads
+    return trainer, pipe, mapping, log.losses, config
+
+
+def main():
+    names, out_dir = sys.argv[1].split(","), sys.argv[2]
+    rank = dist.get_rank()
+    for name in names:
+        cfg = CONFIGS[name]
+        per_step = cfg["acc"] * cfg.get("dp", 1) * cfg.get("sharding", 1)
+        dataset = Samples(per_step * STEPS)
+        trainer, pipe, mapping, losses, config = train(name, cfg, out_dir, dataset)
+        engine = trainer.model_wrapped
+        ref, ref_losses = reference_run(config, cfg, dataset, STEPS)
+        result = {"config": name, "losses": losses, "ref_losses": ref_losses,
+                  "params": compare(pipe, ref, mapping),
+                  "digest": digest(pipe),
+                  "first_grads": compare_grads(trainer.first_grads, ref.first_grads, pipe, mapping,
+                                               sharding_owned(trainer)),
+                  "classes": [c.__name__ for c in type(engine).__mro__],
+                  "dp_comm_overlap": engine._dp_comm_overlap,
+                  "sharding_comm_overlap": engine._sharding_comm_overlap}
+        if cfg.get("eval_resume"):
+            result.update(evaluate_and_resume(trainer, cfg, out_dir, dataset, config))
+        with open(os.path.join(out_dir, f"result.{name}.{rank}.json"), "w") as f:
+            json.dump(result, f)
+        print(f"rank {rank}: config {name} done", flush=True)
+
+
+def evaluate_and_resume(trainer, cfg, out_dir, dataset, config):
+    metrics = trainer.evaluate(eval_dataset=Samples(cfg["acc"] * 2))
+    ref, _ = reference_run(config, cfg, dataset, STEPS)
+    eval_ref = reference_eval(ref, Samples(cfg["acc"] * 2))
+    final = {k: v.numpy().copy() for k, v in trainer.model.state_dict().items()}
+    # a run saved at step 2, then resumed from that checkpoint to step 3
+    t2, _, _, _, _ = train("r2", cfg, out_dir, dataset, max_steps=2, save_steps=2)
+    ckpt = os.path.join(t2.args.output_dir, "checkpoint-2")
+    t3, pipe3, _, _, _ = train("r2", cfg, out_dir, dataset, resume=ckpt)
+    resumed = {k: v.numpy() for k, v in pipe3.state_dict().items()}
+    diff = max(float(np.max(np.abs(resumed[k].astype(np.float64) - final[k]))) for k in final)
+    return {"eval_loss": metrics["eval_loss"], "ref_eval_loss": eval_ref, "resume_max_abs_diff": diff}
+
+
+@paddle.no_grad()
+def reference_eval(ref, data):
+    ref.eval()
+    losses = []
+    for i in range(len(data)):
+        item = data[i]
+        out = ref(input_ids=paddle.to_tensor(item["input_ids"][None]),
+                  labels=paddle.to_tensor(item["labels"][None]),
+                  attn_mask_startend_row_indices=paddle.to_tensor(item["attn_mask_startend_row_indices"][None]))
+        losses.append(float((out[0] if isinstance(out, (tuple, list)) else out.loss).numpy()))
+    return float(np.mean(losses))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,19 @@
+"""Paddle's PipelineParallel surface of the engine (pipeline/fleet_surface.py), as trainers
+drive it, on gloo: isinstance checks, members the engine does not offer, and
+forward_backward_pipeline + the caller's 1/M scaling + the optimizer step bitwise equal
+to train_batch (scripts/fleet_surface.py). Needs no PaddleFormers."""
+
+import pytest
+
+from tests.multiproc.launch import launch
+
+pytestmark = pytest.mark.multiprocess
+
+
+def test_pipeline_parallel_surface():
+    result = launch("fleet_surface.py", nproc=2, timeout=180)
+    assert result.returncode == 0, result.describe()
+    for rank in range(2):
+        log = result.logs[rank]
+        assert f"rank {rank}: vpp=2 M=5: forward_backward_pipeline == train_batch bitwise" in log, result.describe()
+        assert f"rank {rank}: all surface checks passed" in log, result.describe()

@@ -1,0 +1,52 @@
+"""Unit paddleformers_overlap: PaddleFormers' refusal of dp_comm_overlap with pipeline
+parallelism is lifted only while paddle_ext's engine serves fleet's models, and the unit
+patches PaddleFormers whether it is imported before or after enable()."""
+
+import importlib
+import sys
+
+import pytest
+
+import paddle_ext
+from paddle_ext.patches import paddleformers_overlap as unit
+
+
+@pytest.fixture(autouse=True)
+def clean():
+    paddle_ext.disable()
+    yield
+    paddle_ext.disable()
+
+
+def _status():
+    return {name: status for name, _, status, _ in paddle_ext.patch_table()}["paddleformers_overlap"]
+
+
+def test_skipped_without_paddleformers(monkeypatch):
+    monkeypatch.setattr(unit.importlib.util, "find_spec", lambda name, *a: None)
+    assert unit._unavailable() == "PaddleFormers is not installed"
+
+
+def test_patches_training_arguments_on_import_and_restores_it():
+    pytest.importorskip("paddleformers", reason="PaddleFormers is not installed")
+    if unit.MODULE in sys.modules:  # imported already: patched at once
+        cls = sys.modules[unit.MODULE].TrainingArguments
+        original = vars(cls)["__post_init__"]
+        paddle_ext.enable()
+    else:  # patched by the import hook when the module loads
+        paddle_ext.enable()
+        assert _status() == "applied"
+        assert any(isinstance(f, unit._Hook) and f.active for f in sys.meta_path)
+        cls = importlib.import_module(unit.MODULE).TrainingArguments
+        original = vars(cls)["__post_init__"].__wrapped__
+    assert getattr(cls.__post_init__, "__paddle_ext_unit__", None) == "paddleformers_overlap"
+    paddle_ext.disable()
+    assert vars(cls)["__post_init__"] is original
+    assert not any(isinstance(f, unit._Hook) and f.active for f in sys.meta_path)
+
+
+def test_refusal_kept_when_the_engine_does_not_serve(monkeypatch):
+    pytest.importorskip("paddleformers", reason="PaddleFormers is not installed")
+    monkeypatch.setenv("PADDLE_EXT_PATCHES", "pipeline_engine=off")
+    paddle_ext.enable()
+    assert not unit._engine_serves()
