@@ -12,12 +12,13 @@ from paddle_ext.pipeline.runtime.split_backward import WeightGradStore
 class OwnMatmul(paddle.nn.Layer):
     """A model's own matmul weight (not a Linear): paddle.matmul(x, param)."""
 
-    def __init__(self, k: int, n: int) -> None:
+    def __init__(self, k: int, n: int, transpose: bool = False) -> None:
         super().__init__()
-        self.w = self.create_parameter([k, n])
+        self.transpose = transpose
+        self.w = self.create_parameter([n, k] if transpose else [k, n])
 
     def forward(self, x: paddle.Tensor) -> paddle.Tensor:
-        return paddle.matmul(x, self.w)
+        return paddle.matmul(x, self.w, transpose_y=self.transpose)
 
 
 class Net(paddle.nn.Layer):
@@ -26,7 +27,8 @@ class Net(paddle.nn.Layer):
         self.a = paddle.nn.Linear(16, 24)
         self.norm = paddle.nn.LayerNorm(24)
         self.b = paddle.nn.Linear(24, 24, bias_attr=False)
-        self.own = OwnMatmul(24, 16)
+        self.own = OwnMatmul(24, 20)
+        self.head = OwnMatmul(20, 16, transpose=True)  # x @ w^T, as a tied lm head
         self.emb = paddle.nn.Embedding(10, 16)
         self.tie = tie
         if tie == "linear":  # one Linear applied twice
@@ -38,7 +40,7 @@ class Net(paddle.nn.Layer):
         h = self.b(h)
         if self.tie == "linear":
             h = self.b(paddle.tanh(h))
-        h = self.own(h)
+        h = self.head(self.own(h))
         if self.tie == "embedding":  # head tied to the embedding: paddle.matmul(x, emb^T)
             h = paddle.matmul(h, self.emb.weight, transpose_y=True)
         return h
@@ -129,7 +131,7 @@ def test_input_then_weight_equals_plain_backward(mode: str, tie: str) -> None:
     got = _run(net, data, mode, store)
     _assert_same(ref, got)
     stats = store.last
-    assert stats.deferred == 3 * (4 if tie else 3) and not stats.mixed and not stats.reordered
+    assert stats.deferred == 3 * (5 if tie else 4) and not stats.mixed and not stats.reordered
     assert stats.peak_pending_bytes > 0 and store.pending_bytes == 0
 
 
@@ -147,7 +149,7 @@ def test_embedding_tied_to_a_head_matmul_in_one_chunk() -> None:
     for name in ref[0]:
         np.testing.assert_allclose(first[0][name], ref[0][name], rtol=1e-6, atol=1e-6, err_msg=name)
     _assert_same(ref, _run(net, data, "split", store))
-    assert store.last.deferred == 3 * 3 and not store.last.mixed
+    assert store.last.deferred == 3 * 4 and not store.last.mixed
 
 
 def test_weights_wait_for_w() -> None:
@@ -162,10 +164,11 @@ def test_weights_wait_for_w() -> None:
     store.input_backward(0, 0, lambda: out.sum().backward())
     assert x.grad is not None and net.norm.weight.grad is not None and net.a.bias.grad is not None
     assert net.a.weight.grad is None and net.b.weight.grad is None and net.own.w.grad is None
+    assert net.head.w.grad is None
     assert store.pending_bytes > 0 and store.has_pending(0, 0)
-    assert store.weight_backward(0, 0) == 3
+    assert store.weight_backward(0, 0) == 4
     assert net.a.weight.grad is not None and store.pending_bytes == 0
-    assert store.end_step().deferred == 3
+    assert store.end_step().deferred == 4
 
 
 def test_an_input_backward_without_its_weight_backward_is_an_error() -> None:
@@ -217,7 +220,7 @@ def test_main_grad_and_scaled_loss() -> None:
     ref = _run(wrapped, data, "plain", scale=1024.0)
     store = WeightGradStore().bind([net])
     got = _run(wrapped, data, "split", store, scale=1024.0)
-    assert got[0]["_layers.a.weight"] is not None and store.last.deferred == 2 * 3
+    assert got[0]["_layers.a.weight"] is not None and store.last.deferred == 2 * 4
     _assert_same(ref, got)
 
 
@@ -268,3 +271,52 @@ def test_capture_restores_paddle() -> None:
             assert paddle.matmul is not matmul
             raise ZeroDivisionError
     assert paddle.nn.functional.linear is linear and paddle.matmul is matmul
+
+
+def test_fleet_column_and_row_parallel_linear() -> None:
+    """fleet's mp layers keep F.linear as their `linear` member; capture swaps it."""
+    import paddle.distributed.fleet as fleet
+    from paddle.distributed.fleet.layers.mpu import mp_layers
+
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 1}
+    fleet.init(is_collective=True, strategy=strategy)
+    paddle.seed(7)
+    net = paddle.nn.Sequential(mp_layers.ColumnParallelLinear(16, 24, has_bias=True, gather_output=False),
+                               paddle.nn.GELU(),
+                               mp_layers.RowParallelLinear(24, 16, has_bias=True, input_is_parallel=True))
+    data = [paddle.randn([5, 16]) for _ in range(3)]
+    for x in data:
+        x.stop_gradient = False
+
+    def step(store: WeightGradStore | None) -> list:
+        net.clear_gradients()
+        outs = []
+        for mb, x in enumerate(data):
+            if store is None:
+                outs.append(net(x))
+                continue
+            with store.capture(0, mb):
+                outs.append(net(x))
+        if store is None:
+            for y in outs:
+                y.square().sum().backward()
+        else:
+            store.begin_step()
+            for mb, y in enumerate(outs):
+                store.input_backward(0, mb, lambda y=y: y.square().sum().backward())
+            for mb in range(len(data)):
+                store.weight_backward(0, mb)
+            store.end_step()
+        grads = [p.grad.numpy().copy() for p in net.parameters()] + [x.grad.numpy().copy() for x in data]
+        for x in data:
+            x.clear_gradient()
+        return grads
+
+    ref = step(None)
+    store = WeightGradStore().bind([net])
+    got = step(store)
+    assert store.last.deferred == 2 * 3
+    assert net[0].linear is paddle.nn.functional.linear  # restored
+    for r, g in zip(ref, got):
+        np.testing.assert_array_equal(g, r)

@@ -10,10 +10,11 @@ wrote it: while a chunk's forward runs under `WeightGradStore.capture`, the
 matmuls whose weight is a parameter - paddle.nn.Linear (through
 paddle.nn.functional.linear), fleet's ColumnParallelLinear / RowParallelLinear
 (their `linear` member) and `paddle.matmul(x, param)` in the model's own code -
-run as `_SplitMatmul`, a PyLayer whose backward returns dX at once and, in an I,
-records (x, dY) for that weight instead of dW. The bias (an `add` after the
+run as `_SplitMatmul`, a PyLayer that gets the weight without an autograd edge:
+its backward returns dX and records (x, dY) for W. The bias (an `add` after the
 matmul) and every other parameter get their gradients from autograd in I, exactly
-as in a plain backward.
+as in a plain backward. Only the forwards of micro-batches whose backward is an I
+are captured; a B stays Paddle's own backward.
 
 Exactness (bitwise equal to B, fp32 CPU). dX and dW are Paddle's own matmul
 kernel with the transposes matmul_grad uses (tests compare them with the native
@@ -21,16 +22,17 @@ backward bit for bit). W hands dW to the weight's own accumulation node (a
 backward started at the leaf), so `grad` accumulation, GradScaler-scaled
 gradients, `main_grad` hooks (fleet's MixPrecisionLayer) and the dp/sharding
 bucket hooks (grad_sync.py) see the very same additions as in a plain backward,
-in W order. A weight's dW is deferred only when that gives the plain backward's
-summation: the weight is used once per forward of the chunk, belongs to no other
-chunk of this rank and to no layer other than the captured ones (an Embedding's
-weight tied to a head matmul stays in I). A weight that turns out to also get a
-native gradient in I (a use this module did not see) has its sum split,
-(grad + native) + deferred instead of grad + (native + deferred): that step is
-counted in `mixed` (one rounding of difference at most) and the weight is
-computed in I from then on. W for one chunk must run in its I order (the
-schedules do) for the cross-micro-batch sums to match B's; `reordered` counts
-the exceptions.
+in W order. A weight used by several captured matmuls of one forward (a Linear
+applied twice, two layers sharing a weight) gets their dWs summed in the order
+their backwards ran in I, which is the order autograd sums them in before the
+accumulation. Weights held by two chunks of this rank are not captured (their
+cross-chunk order is the schedule's). A weight that also gets a native gradient in
+I (a use not captured: an Embedding lookup of a weight tied to a head matmul in
+the same chunk) has that step's sum split, (grad + native) + deferred instead of
+grad + (native + deferred): the step names it in `mixed` (one rounding of
+difference at most) and the weight is left to autograd from then on. W for one
+chunk must run in its I order (the schedules do) for the cross-micro-batch sums
+to match B's; `reordered` names the exceptions.
 
 Memory. A pending W holds x and dY of each deferred matmul (x is the saved
 activation a plain backward would have freed at B); `pending_bytes` /
@@ -42,12 +44,12 @@ from __future__ import annotations
 import contextlib
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Iterator, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import paddle
 from paddle import _C_ops
 
-__all__ = ["WeightGradStore", "SplitStats", "DEFERRABLE_LAYER_TYPES"]
+__all__ = ["WeightGradStore", "SplitStats"]
 
 Key = tuple[int, int]  # (chunk, micro-batch)
 
@@ -58,11 +60,6 @@ def _mp_linear_types() -> tuple[type, ...]:
     except ImportError:  # a build without fleet
         return ()
     return tuple(getattr(mp_layers, n) for n in ("ColumnParallelLinear", "RowParallelLinear") if hasattr(mp_layers, n))
-
-
-def DEFERRABLE_LAYER_TYPES() -> tuple[type, ...]:  # noqa: N802 - a constant computed on first use
-    """Layer types whose weight gradient is deferred."""
-    return (paddle.nn.Linear, *_mp_linear_types())
 
 
 def _nbytes(t: paddle.Tensor) -> int:
@@ -97,7 +94,6 @@ class SplitStats:
     the exceptions to exactness described in the module docstring."""
 
     deferred: int = 0
-    computed_in_input: int = 0
     peak_pending_bytes: int = 0
     mixed: list = field(default_factory=list)      # parameter names whose sum was split
     reordered: list = field(default_factory=list)  # (chunk, mb) Ws run out of their I order
@@ -206,7 +202,7 @@ class WeightGradStore:
 
     def _capturable(self, chunk: int, x: Any, w: Any) -> bool:
         return (isinstance(w, paddle.Tensor) and isinstance(x, paddle.Tensor) and not w.stop_gradient
-                and not x.stop_gradient and w.is_leaf and len(w.shape) == 2
+                and not x.stop_gradient and w.is_leaf and len(w.shape) == 2 and len(x.shape) >= 2
                 and self._deferrable.get(id(w), -1) == chunk and id(w) not in self._never
                 and paddle.is_grad_enabled())
 
