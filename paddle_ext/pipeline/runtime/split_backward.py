@@ -194,8 +194,12 @@ class WeightGradStore:
 
     # --- one step -----------------------------------------------------------------
     def begin_step(self) -> None:
+        """A new step; what a failed step left behind is dropped."""
         self.stats = SplitStats()
         self._i_order = {}
+        self._pending.clear()
+        self._captured.clear()
+        self.pending_bytes = 0
 
     def end_step(self) -> SplitStats:
         if self._pending:
