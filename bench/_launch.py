@@ -51,16 +51,17 @@ def launch_ranks(script: str, args: Sequence[str], out_name: str, nproc: int = 2
     return out
 
 
-def init_pipeline(a: argparse.Namespace, pp: int, dp: int = 1):
-    """In a rank: paddle_ext on, fleet initialised for pp x dp with the bench's micro-batching;
-    returns fleet's HybridCommunicateGroup."""
+def init_pipeline(a: argparse.Namespace, pp: int, dp: int = 1, pp_configs: dict | None = None):
+    """In a rank: paddle_ext on, fleet initialised for pp x dp with the bench's micro-batching
+    (and `pp_configs`); returns fleet's HybridCommunicateGroup."""
     import paddle.distributed.fleet as fleet
 
     import paddle_ext
 
     paddle_ext.enable()  # before fleet.init: the CPU/gloo fixes cover its set-up
     strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": dp, "mp_degree": 1, "pp_degree": pp}
+    strategy.hybrid_configs = {"dp_degree": dp, "mp_degree": 1, "pp_degree": pp, **(
+        {"pp_configs": pp_configs} if pp_configs else {})}
     strategy.pipeline_configs = {"accumulate_steps": a.microbatches, "micro_batch_size": a.micro_batch_size}
     fleet.init(is_collective=True, strategy=strategy)
     return fleet.get_hybrid_communicate_group()

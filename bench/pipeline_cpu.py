@@ -12,7 +12,16 @@ runtime executes the schedule; the per-action slowdown of two ranks sharing two
 cores' caches and memory is in both. The compute-only efficiency the simulator
 gives for those costs is printed too. Target: measured >= 90% of predicted.
 
-    python bench/pipeline_cpu.py [--vpp 1] [--microbatches 8] [--hidden 512] [--steps 5]
+--kinds runs several schedules in one run (each its own launch, the same
+single-process reference), e.g. `--kinds 1f1b,zb-h1` or, with --vpp 2,
+`--kinds interleaved,interleaved-zb`; each row prints the measured step time, the
+measured bubble (1 - busy / (pp * makespan) of the recorded spans) and the
+simulator's for the measured costs, and the step time relative to the first kind;
+--repeats launches each kind that many times in ABBA order and averages.
+The kinds go through pp_configs.schedule_mode, as a user selects them.
+
+    python bench/pipeline_cpu.py [--pp 2] [--vpp 1] [--microbatches 8] [--hidden 512] [--steps 5]
+                                 [--kinds 1f1b,zb-h1]
 """
 
 from __future__ import annotations
@@ -36,18 +45,22 @@ from bench._launch import (  # noqa: E402
     passed_on,
 )
 
-PP = 2
+MODES = {"": "", "1f1b": "1F1B", "interleaved": "VPP", "zb-h1": "ZBH1", "interleaved-zb": "ZBVPP"}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser()
     add_model_args(p, vpp=1, microbatches=8, micro_batch_size=4, hidden=512, seq=128, vocab=1024, steps=5)
     p.add_argument("--mode", choices=["launch", "single", "rank"], default="launch")
+    p.add_argument("--pp", type=int, default=2)
+    p.add_argument("--kind", default="", choices=sorted(MODES))
+    p.add_argument("--kinds", default="", help="comma-separated schedule kinds (launch mode)")
+    p.add_argument("--repeats", type=int, default=2, help="launches per kind, in ABBA order (launch mode)")
     return p.parse_args(argv)
 
 
 def model_args(a):
-    return a.vocab, a.hidden, a.seq, PP * a.vpp
+    return a.vocab, a.hidden, a.seq, a.pp * a.vpp
 
 
 def single(a) -> None:
@@ -78,9 +91,11 @@ def rank(a) -> None:
 
     from examples.tiny_gpt import pattern_batch, pipeline_model
     from paddle_ext.pipeline.schedule import simulate
-    from paddle_ext.pipeline.timeline import measured_costs
+    from paddle_ext.pipeline.schedule.ir import Comm
+    from paddle_ext.pipeline.timeline import measured_costs, measured_result
 
-    init_pipeline(a, PP)
+    PP = a.pp
+    init_pipeline(a, PP, pp_configs={"schedule_mode": MODES[a.kind]} if a.kind else None)
     model = fleet.distributed_model(pipeline_model(*model_args(a), pp=PP, vpp=a.vpp))
     opt = paddle.optimizer.AdamW(1e-3, parameters=model.parameters())
     times, spans, outside = [], [], []
@@ -101,31 +116,56 @@ def rank(a) -> None:
     for step in range(1, a.steps + 1):
         per_rank = [g[step] for g in gathered]
         sim = simulate(schedule, measured_costs(schedule, per_rank))
-        predictions.append((float(sim.makespan) + outside[step], float(sum(sim.busy)) / (PP * float(sim.makespan))))
+        real = measured_result(schedule, per_rank)
+        # transfers and the waits inside them (a blocking send/recv's span), per rank, mean over ranks
+        comm = statistics.mean(sum(end - start for _, act, start, end in spans if isinstance(act, Comm))
+                               for spans in per_rank)
+        predictions.append((float(sim.makespan) + outside[step], float(sum(sim.busy)) / (PP * float(sim.makespan)),
+                            1 - float(sum(real.busy)) / (PP * float(real.makespan)), comm))
     with open(a.out, "w") as f:
         json.dump({"step": statistics.median(times[1:]),
                    "predicted_step": statistics.median(p[0] for p in predictions),
-                   "schedule_efficiency": statistics.median(p[1] for p in predictions)}, f)
+                   "schedule_efficiency": statistics.median(p[1] for p in predictions),
+                   "measured_bubble": statistics.median(p[2] for p in predictions),
+                   "comm_and_wait": statistics.median(p[3] for p in predictions),
+                   "kind": schedule.kind}, f)
 
 
 def launch(a) -> None:
-    common = passed_on(a, MODEL_ARGS)
-    pipe_out = launch_ranks(__file__, common, "pipe.json", nproc=PP, prefix="pipeline_bench_", timeout=600)
-    single_out = os.path.join(os.path.dirname(pipe_out), "single.json")
+    common = passed_on(a, MODEL_ARGS) + [f"--pp={a.pp}"]
+    kinds = [k.strip() for k in a.kinds.split(",") if k.strip()] or [a.kind]
+    unknown = [k for k in kinds if k not in MODES]
+    if unknown:
+        raise SystemExit(f"--kinds: unknown kind(s) {unknown}; allowed: {sorted(k for k in MODES if k)}")
+    # ABBA order (--repeats 2): on a shared machine a later launch can run faster or slower
+    # than an earlier one whatever its schedule; each kind's figures are its runs' means
+    order = [k for r in range(a.repeats) for k in (kinds if r % 2 == 0 else kinds[::-1])]
+    runs: dict = {k: [] for k in kinds}
+    for kind in order:
+        pipe_out = launch_ranks(__file__, [*common, f"--kind={kind}"], "pipe.json", nproc=a.pp,
+                                prefix="pipeline_bench_", timeout=600)
+        with open(pipe_out) as f:
+            runs[kind].append(json.load(f))
+        single_out = os.path.join(os.path.dirname(pipe_out), "single.json")
+    rows = [{key: (statistics.mean(r[key] for r in runs[k]) if key != "kind" else runs[k][0][key])
+             for key in runs[k][0]} for k in kinds]
     subprocess.run([sys.executable, os.path.abspath(__file__), "--mode=single", f"--out={single_out}", *common],
                    env={**os.environ, **CPU_ENV}, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=600)
     with open(single_out) as f:
         t_single = json.load(f)["step"]
-    with open(pipe_out) as f:
-        pipe = json.load(f)
-    measured = t_single / (PP * pipe["step"])
-    predicted = t_single / (PP * pipe["predicted_step"])
-    print(f"pipeline_cpu: pp={PP} vpp={a.vpp} M={a.microbatches} hidden={a.hidden} seq={a.seq}, 1 thread per process")
-    print(f"reference single process: {t_single * 1e3:.1f} ms/step; pipelined: {pipe['step'] * 1e3:.1f} ms/step, "
-          f"simulator's prediction {pipe['predicted_step'] * 1e3:.1f} ms/step")
-    print(f"efficiency measured {measured:.1%}, predicted {predicted:.1%} (the schedule alone: "
-          f"{pipe['schedule_efficiency']:.1%}): measured/predicted = {measured / predicted:.2f} (target >= 0.90)")
+    pp = a.pp
+    print(f"pipeline_cpu: pp={pp} vpp={a.vpp} M={a.microbatches} hidden={a.hidden} seq={a.seq}, 1 thread per process, "
+          f"{a.repeats} launch(es) per kind; reference single process: {t_single * 1e3:.1f} ms/step")
+    for pipe in rows:
+        measured = t_single / (pp * pipe["step"])
+        predicted = t_single / (pp * pipe["predicted_step"])
+        print(f"{pipe['kind']:>16}: {pipe['step'] * 1e3:.1f} ms/step ({pipe['step'] / rows[0]['step']:.2f}x "
+              f"{rows[0]['kind']}), simulator's prediction {pipe['predicted_step'] * 1e3:.1f} ms/step; bubble "
+              f"measured {pipe['measured_bubble']:.1%}, simulated {1 - pipe['schedule_efficiency']:.1%}; transfers and "
+              f"waits {pipe['comm_and_wait'] * 1e3:.1f} ms/step per rank; efficiency "
+              f"measured {measured:.1%}, predicted {predicted:.1%}: measured/predicted = {measured / predicted:.2f} "
+              "(target >= 0.90)")
 
 
 def main(argv=None) -> None:

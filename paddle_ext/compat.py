@@ -442,3 +442,9 @@ def c_concat_owners() -> list:
 
     ops = getattr(paddle, "_C_ops", None)
     return [ops] if paddle_version()[0] >= 3 and ops is not None and hasattr(ops, "c_concat") else []
+def linear_is_matmul_then_add() -> bool:
+    """Whether paddle.nn.functional.linear in dygraph computes a matmul, then adds the bias
+    (Paddle's `linear` op on CPU, 2.6 and 3.x; tested bit for bit against a split matmul).
+    On CUDA builds 3.x may run a fused GEMM with the bias in its epilogue (linear_v2,
+    cublasLt), whose rounding a separate matmul and add need not reproduce."""
+    return tensor_device_kind() == "cpu"

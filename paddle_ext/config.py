@@ -108,6 +108,30 @@ PP_CONFIG_DEFAULTS: dict[str, Any] = {
     "sync_mode": "broadcast",
 }
 
+# pp_configs keys of the plugin itself (no Paddle release has them; they live beside
+# the strategy on every release, 2.6 included). schedule_mode takes the names of
+# Paddle's static auto-parallel `strategy.pipeline.schedule_mode` ("1F1B", "VPP",
+# "ZBH1", "ZBVPP"); "" leaves the engine's choice (1F1B, or VPP with virtual
+# stages). Not fleet's pipeline_configs["schedule_mode"] ("1F1B" / "F-then-B" of the
+# static fleet pipeline), which the dygraph engines ignore.
+# zb_max_pending_w: with a zero-bubble schedule_mode, at most that many W's (weight
+# gradients) wait per rank (0: the schedule's own, up to the rank's lag).
+PLUGIN_PP_CONFIG_DEFAULTS: dict[str, Any] = {
+    "schedule_mode": "",
+    "zb_max_pending_w": 0,
+}
+
+# schedule_mode -> the generator kind (paddle_ext.pipeline.schedule.generate), None:
+# the engine's default. "1F1B" / "ZBH1" need one virtual stage; "VPP" / "ZBVPP" take
+# any number (with one they are 1F1B / ZBH1).
+SCHEDULE_MODES: dict[str, str | None] = {
+    "": None,
+    "1F1B": "1f1b",
+    "VPP": "interleaved",
+    "ZBH1": "zb-h1",
+    "ZBVPP": "interleaved-zb",
+}
+
 # The attribute of a DistributedStrategy that holds the keys its protobuf lacks. An
 # attribute (set past the strategy's attribute lock) because fleet.init deep-copies
 # the strategy: a side table keyed by the object lost them on the way to the engine.
@@ -174,7 +198,7 @@ def split_pp_configs(strategy: Any, pp_configs: Mapping[str, Any] | str,
     if not isinstance(pp_configs, Mapping):
         raise TypeError(f"hybrid_configs['pp_configs'] must be a dict (or a pipeline_parallel_config "
                         f"string), got {type(pp_configs).__name__}")
-    allowed = set(PP_CONFIG_DEFAULTS) | native_keys
+    allowed = set(PP_CONFIG_DEFAULTS) | set(PLUGIN_PP_CONFIG_DEFAULTS) | native_keys
     unknown = sorted(k for k in pp_configs if k not in allowed)
     if unknown:
         raise ValueError(f"unknown hybrid_configs['pp_configs'] keys {unknown}; allowed: {sorted(allowed)}")
@@ -182,6 +206,12 @@ def split_pp_configs(strategy: Any, pp_configs: Mapping[str, Any] | str,
         default = PP_CONFIG_DEFAULTS.get(key)
         if isinstance(default, bool) and not isinstance(value, bool):
             raise TypeError(f"hybrid_configs['pp_configs'][{key!r}] must be True or False, got {value!r}")
+    if "schedule_mode" in pp_configs:
+        check_schedule_mode(pp_configs["schedule_mode"])
+    cap = pp_configs.get("zb_max_pending_w", 0)
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
+        raise ValueError(f"hybrid_configs['pp_configs']['zb_max_pending_w'] = {cap!r} is not allowed: must be an "
+                         "integer >= 0 (0: no cap)")
     extra = {k: v for k, v in pp_configs.items() if k not in native_keys}
     if extra:
         _extra_pp_configs(strategy).update(extra)
@@ -196,4 +226,27 @@ def pp_config(strategy: Any, key: str) -> Any:
     message = strategy.hybrid_configs["pp_configs"]
     if key in {f.name for f in message.DESCRIPTOR.fields}:
         return getattr(message, key)
+    if key in PLUGIN_PP_CONFIG_DEFAULTS:
+        return PLUGIN_PP_CONFIG_DEFAULTS[key]
     return PP_CONFIG_DEFAULTS[key]
+
+
+def check_schedule_mode(value: Any) -> str:
+    """pp_configs["schedule_mode"], checked: one of SCHEDULE_MODES."""
+    if not isinstance(value, str) or value not in SCHEDULE_MODES:
+        raise ValueError(f"hybrid_configs['pp_configs']['schedule_mode'] = {value!r} is not supported; allowed: "
+                         f"{sorted(SCHEDULE_MODES)}")
+    return value
+
+
+def schedule_kind(strategy: Any) -> str | None:
+    """The generator kind pp_configs' schedule_mode and zb_max_pending_w select (None: the
+    engine's default)."""
+    mode = check_schedule_mode(pp_config(strategy, "schedule_mode"))
+    kind, cap = SCHEDULE_MODES[mode], pp_config(strategy, "zb_max_pending_w")
+    if cap:
+        if kind not in ("zb-h1", "interleaved-zb"):
+            raise ValueError(f"pp_configs.zb_max_pending_w = {cap} needs a zero-bubble pp_configs.schedule_mode "
+                             f"('ZBH1' or 'ZBVPP'), got {mode!r}")
+        kind += f"-w{cap}"
+    return kind

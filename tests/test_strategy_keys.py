@@ -61,3 +61,36 @@ def test_disable_restores_paddle_behaviour():
     patched = vars(cls)["hybrid_configs"]
     paddle_ext.disable()
     assert vars(cls)["hybrid_configs"] is not patched
+
+
+def test_schedule_mode_selects_the_zero_bubble_kinds_on_every_release():
+    from paddle_ext.config import SCHEDULE_MODES
+
+    for mode, kind in SCHEDULE_MODES.items():
+        assert PipelineSettings.from_strategy(strategy_with({"schedule_mode": mode})).kind == kind
+    settings = PipelineSettings.from_strategy(strategy_with({"schedule_mode": "ZBH1", "zb_max_pending_w": 2}))
+    assert settings.kind == "zb-h1-w2"
+    assert pp_config(strategy_with({}), "schedule_mode") == ""
+
+
+def test_bad_schedule_mode_and_cap_are_refused_naming_key_value_and_range():
+    with pytest.raises(ValueError, match=r"\['schedule_mode'\] = 'zbh1' is not supported; allowed: "
+                                         r"\['', '1F1B', 'VPP', 'ZBH1', 'ZBVPP'\]"):
+        strategy_with({"schedule_mode": "zbh1"})
+    with pytest.raises(ValueError, match=r"\['zb_max_pending_w'\] = -1 is not allowed: must be an integer >= 0"):
+        strategy_with({"schedule_mode": "ZBH1", "zb_max_pending_w": -1})
+    with pytest.raises(ValueError, match="zb_max_pending_w = 2 needs a zero-bubble pp_configs.schedule_mode"):
+        PipelineSettings.from_strategy(strategy_with({"schedule_mode": "VPP", "zb_max_pending_w": 2}))
+
+
+def test_zero_bubble_with_the_overlap_scheduler_or_the_wrong_vpp_is_refused():
+    from paddle_ext.pipeline.engine import check_schedule_kind
+
+    fb = PipelineSettings.from_strategy(strategy_with({"schedule_mode": "ZBVPP",
+                                                       "forward_backward_overlap_scheduler": True}))
+    with pytest.raises(ValueError, match=r"schedule_mode = 'ZBVPP' and pp_configs.forward_backward_overlap_scheduler"):
+        check_schedule_kind(fb, vpp=2)
+    zb = PipelineSettings.from_strategy(strategy_with({"schedule_mode": "ZBH1", "overlap_p2p_comm": True}))
+    check_schedule_kind(zb, vpp=1)  # overlap_p2p_comm works with it
+    with pytest.raises(ValueError, match="schedule_mode = 'ZBH1' needs one virtual stage; this model has 2 .*'ZBVPP'"):
+        check_schedule_kind(zb, vpp=2)

@@ -11,6 +11,10 @@ state's forwards and backwards into F&B steps; a PipelineLayer subclass that def
 chunks and loss nodes (paddle_ext.pipeline.nodes). Without the method the engine
 warns once and runs each pair as its F then its B. pp_configs.overlap_p2p_comm moves
 the transfers onto communication threads (runtime/async_p2p.py).
+
+pp_configs.schedule_mode (the plugin's key, Paddle's auto-parallel names) picks the
+schedule: "ZBH1" / "ZBVPP" are zero-bubble schedules, whose I and W actions run
+through a WeightGradStore (runtime/split_backward.py).
 """
 
 from __future__ import annotations
@@ -33,8 +37,11 @@ from paddle_ext.pipeline.grad_sync import GradReducer, GradSyncSettings
 from paddle_ext.pipeline.microbatch import MicroBatches
 from paddle_ext.pipeline.runtime.groups import link_groups, neighbour_groups
 from paddle_ext.pipeline.runtime.interpreter import Interpreter, StageProgram
+from paddle_ext.pipeline.runtime.split_backward import WeightGradStore
 from paddle_ext.pipeline.runtime.transport import P2P
 from paddle_ext.pipeline.schedule import OVERLAP_SUFFIX, Schedule, generate, lower
+from paddle_ext.pipeline.schedule.generate import ZB_KINDS, split_cap
+from paddle_ext.pipeline.schedule.ir import I, W
 
 
 @dataclass(frozen=True)
@@ -55,13 +62,35 @@ class PipelineSettings:
             raise ValueError("pp_configs.use_dualpipev = True is not supported by paddle_ext's pipeline engine; "
                              "switch the pipeline_engine unit off (PADDLE_EXT_PATCHES=pipeline_engine=off) "
                              "to use Paddle's DualPipeV")
+        from paddle_ext.config import schedule_kind
+
         pipeline = strategy.pipeline_configs
         return cls(accumulate_steps=int(pipeline["accumulate_steps"]),
+                   kind=schedule_kind(strategy),
                    micro_batch_size=int(pipeline["micro_batch_size"]),
                    delay_scale_loss=bool(pp_config(strategy, "delay_scale_loss")),
                    fb_overlap=bool(pp_config(strategy, "forward_backward_overlap_scheduler")),
                    overlap_p2p=bool(pp_config(strategy, "overlap_p2p_comm")),
                    grad_sync=GradSyncSettings.from_strategy(strategy))
+
+
+def check_schedule_kind(settings: PipelineSettings, vpp: int) -> None:
+    """Refuses a schedule kind (pp_configs.schedule_mode) this model or the other keys
+    rule out, naming the keys."""
+    from paddle_ext.config import SCHEDULE_MODES
+
+    if settings.kind is None:
+        return
+    base, _ = split_cap(settings.kind)
+    mode = next((m for m, k in SCHEDULE_MODES.items() if k == base and m), base)
+    if base in ("1f1b", "zb-h1") and vpp > 1:
+        other = "VPP" if base == "1f1b" else "ZBVPP"
+        raise ValueError(f"pp_configs.schedule_mode = {mode!r} needs one virtual stage; this model has {vpp} "
+                         f"(num_virtual_pipeline_stages): use {other!r}")
+    if base in ZB_KINDS and settings.fb_overlap:
+        raise ValueError(f"pp_configs.schedule_mode = {mode!r} and pp_configs.forward_backward_overlap_scheduler = "
+                         "True cannot be combined: the overlap scheduler pairs a forward with a whole backward, "
+                         "zero-bubble schedules split the backward into I and W; switch one of them off")
 
 
 @dataclass
@@ -70,6 +99,7 @@ class StepStats:
     peak_in_flight: int
     microbatches: int
     spans: list  # (position, action, start, end), wall clock; see pipeline.timeline
+    split: Any = None  # zero-bubble schedules: the step's SplitStats (runtime/split_backward.py)
 
 
 class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
@@ -104,6 +134,8 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         # not in the first train_batch.
         eager.connect_if_enabled([*neighbours.values(), *links], p2p=True)
         self._schedules: dict[int, Schedule] = {}
+        check_schedule_kind(settings, self.vpp)
+        self._split: Optional[WeightGradStore] = None  # zero-bubble: made with the first such schedule
         self.last_step: Optional[StepStats] = None
         # dp / sharding gradient reduction, overlapped with the backward (pipeline/grad_sync.py)
         self._grad_sync = GradReducer.for_engine(layers, hcg, self.accumulate_steps,
@@ -205,11 +237,18 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
             program.on_grad_sync = self._grad_sync.on_grad_sync
         if self.overlap_schedule_mode:
             self._use_schedule_nodes(program, batches, loss_fn, scaler, losses)
+        actions = self.schedule(m).ranks[self.stage_id]
+        if any(isinstance(a, (I, W)) for a in actions):
+            if self._split is None:
+                self._split = WeightGradStore().bind(compat.pipeline_model_chunks(self._layers))
+            program.split = self._split
+            self._split.begin_step()
         start = time.perf_counter()
-        interpreter = Interpreter(program, self.schedule(m).ranks[self.stage_id], self._p2p,
-                                  async_links=self._links)
+        interpreter = Interpreter(program, actions, self._p2p, async_links=self._links)
         interpreter.run()
-        self.last_step = StepStats(time.perf_counter() - start, interpreter.peak_in_flight, m, interpreter.spans)
+        split = program.split.end_step() if program.split is not None else None
+        self.last_step = StepStats(time.perf_counter() - start, interpreter.peak_in_flight, m, interpreter.spans,
+                                   split)
         return losses
 
     def _use_schedule_nodes(self, program: StageProgram, batches: MicroBatches, loss_fn: Any,

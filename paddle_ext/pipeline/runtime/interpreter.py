@@ -16,6 +16,11 @@ Two ways to run a chunk:
   `overlapped_forward_backward` with upstream's arguments. Without that method an
   F&B runs as its F then its B.
 
+Zero-bubble schedules split a backward into I (input gradients, sent upstream)
+and W (the weight gradients, later): with `split` (a WeightGradStore,
+split_backward.py) the forwards of the (chunk, mb)s that have an I run under its capture,
+and I / W run through it; B stays a plain backward.
+
 Two ways to communicate: in list order on this thread (blocking send/recv), or
 with `async_links` on communication threads (async_p2p.py), one per directed
 link, that run the transfers in the list's order while this thread computes.
@@ -37,10 +42,12 @@ from paddle_ext.pipeline.schedule.ir import (
     Comm,
     F,
     GradSync,
+    I,
     RecvAct,
     RecvGrad,
     SendAct,
     SendGrad,
+    W,
 )
 
 
@@ -68,6 +75,8 @@ class StageProgram:
     # The model's overlapped_forward_backward (bound), used for F&B steps in node mode.
     overlapped_forward_backward: Optional[Callable[..., Any]] = None
     scaler: Any = None
+    # Zero-bubble schedules: the rank's WeightGradStore (runtime/split_backward.py).
+    split: Any = None
 
     def is_first(self, chunk: int) -> bool:
         return chunk == 0 and self.rank == 0
@@ -169,6 +178,12 @@ class Interpreter:
         self.async_links = async_links
         self.comm: Optional[CommThread] = None
         self.slots: dict[tuple[int, int], _Slot] = {}
+        # An I directly followed by its own W is a plain backward (the same sums, and
+        # Paddle's fused matmul_grad: a W later re-reads x and dY from memory); the other
+        # I's forwards run split.
+        self._fused = {(a.chunk, a.mb) for a, nxt in zip(self.actions, self.actions[1:])
+                       if isinstance(a, I) and nxt == W(a.chunk, a.mb)}
+        self._split_keys = {(a.chunk, a.mb) for a in self.actions if isinstance(a, I)} - self._fused
         self.in_flight = 0  # forwards done whose backward has not run: what the simulator counts
         self.peak_in_flight = 0
         # (position, action, start, end) in wall-clock seconds: ranks on one host share
@@ -223,6 +238,10 @@ class Interpreter:
             self._forward(action.chunk, action.mb)
         elif isinstance(action, B):
             self._backward(action.chunk, action.mb)
+        elif isinstance(action, I):
+            self._input_backward(action.chunk, action.mb)
+        elif isinstance(action, W):
+            self._weight_backward(action.chunk, action.mb)
         elif isinstance(action, FB):
             self._forward_backward(action.f, action.b)
         elif isinstance(action, RecvAct):
@@ -295,6 +314,9 @@ class Interpreter:
         if prog.uses_nodes:
             slot.chunk = prog.schedule_chunk(chunk)
             outputs = slot.chunk.forward(inputs)
+        elif prog.split is not None and (chunk, mb) in self._split_keys:
+            with prog.split.capture(chunk, mb):
+                outputs = prog.forward(inputs, chunk)
         else:
             outputs = prog.forward(inputs, chunk)
         if prog.is_last(chunk):
@@ -320,6 +342,12 @@ class Interpreter:
                 input_grads = _input_grads(slot.inputs, input_grads)
             self._backward_done(chunk, mb, input_grads)
             return
+        self._plain_backward(chunk, mb)
+
+    def _plain_backward(self, chunk: int, mb: int) -> None:
+        """Autograd over the chunk from the loss or the received output gradients; then
+        the input gradients to send."""
+        prog, slot = self.program, self.slots[(chunk, mb)]
         if prog.is_last(chunk):
             prog.backward_loss(slot.loss)
         else:
@@ -330,6 +358,25 @@ class Interpreter:
             input_grads = [t.grad if t.grad is not None else paddle.zeros_like(t)
                            for t in _requires_grad(slot.inputs)]
         self._backward_done(chunk, mb, input_grads)
+
+    def _input_backward(self, chunk: int, mb: int) -> None:
+        """I(chunk, mb): the backward with the deferrable weight gradients recorded for W."""
+        prog = self.program
+        if prog.split is None or prog.uses_nodes:
+            raise RuntimeError(f"I{chunk}.{mb}: zero-bubble actions need the engine's split backward "
+                               "(and no schedule nodes: forward_backward_overlap_scheduler is off)")
+        self.in_flight -= 1
+        if (chunk, mb) in self._fused:
+            self._plain_backward(chunk, mb)  # its W, next, has nothing left to do
+        else:
+            prog.split.input_backward(chunk, mb, lambda: self._plain_backward(chunk, mb))
+
+    def _weight_backward(self, chunk: int, mb: int) -> None:
+        """W(chunk, mb): the weight gradients its I deferred."""
+        if self.program.split is None:
+            raise RuntimeError(f"W{chunk}.{mb}: zero-bubble actions need the engine's split backward")
+        if (chunk, mb) not in self._fused:
+            self.program.split.weight_backward(chunk, mb)
 
     def _grads_argument(self, chunk: int, mb: int, grads: list) -> Any:
         """Output gradients as upstream hands them to a node backward: a tuple for a tuple

@@ -5,7 +5,8 @@ Usage: grad_overlap_parity.py DP SHARDING CONFIGS [scaler] [fb] [p2p]
 CONFIGS: comma-separated VPP:M:DELAY[:BUCKET_KB[:HIDDEN[:OPTS]]] (DELAY 0/1:
 delay_scale_loss; BUCKET_KB: bucket size in KiB, 0 or absent: 128 MiB; HIDDEN: the
 model's width, default 16; OPTS: letters switching on, for this config, f (fb),
-p (p2p), o (overlapgpt), as the flags below do for all). For each config, on every rank:
+p (p2p), o (overlapgpt), as the flags below do for all, and z: the zero-bubble
+schedule (zb-h1, interleaved-zb with VPP > 1)). For each config, on every rank:
 
 1. 3 Adam steps with overlap off, then the same with overlap on (fresh model and
    optimizer, both through fleet.distributed_optimizer, so sharding uses Paddle's
@@ -28,6 +29,11 @@ p (p2p), o (overlapgpt), as the flags below do for all). For each config, on eve
    and each waits for the slowest rank of the group, so later buckets start when
    the earlier ones finished: "handed over" is when this rank committed to it, and
    on NCCL the moment it is enqueued on the communication stream.)
+   Zero bubble: a chunk's weight gradients are final after its last W, so there
+   "last backward" means last W, and no bucket holding a Linear weight may be handed
+   over before its chunk's last W started (launching after the last I would reduce
+   partial sums: pytorch issue #144530); buckets of biases and norms only are final
+   after the last I and may go then.
 
 `scaler`: an AMP GradScaler (loss scaling 2**10) through fleet.distributed_scaler on
 every config. `fb`: pp_configs.forward_backward_overlap_scheduler on every config;
@@ -50,7 +56,7 @@ import paddle.distributed as dist
 import paddle.distributed.fleet as fleet
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
-from _parity import ref_param, stage_params  # noqa: E402
+from _parity import check_split, ref_param, stage_params  # noqa: E402
 
 import examples.overlap_gpt as overlap_gpt  # noqa: E402
 import examples.tiny_gpt as tiny_gpt  # noqa: E402
@@ -58,7 +64,7 @@ import paddle_ext  # noqa: E402
 from examples.tiny_gpt import batch  # noqa: E402
 from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings  # noqa: E402
 from paddle_ext.pipeline.grad_sync import GradSyncSettings  # noqa: E402
-from paddle_ext.pipeline.schedule.ir import B, GradSync, computes  # noqa: E402
+from paddle_ext.pipeline.schedule.ir import B, GradSync, I, W, computes  # noqa: E402
 
 VOCAB, SEQ, MBS, STEPS, PP = 32, 8, 2, 3, 2
 # The reference sums the shards' gradients in the collectives' order and scales them
@@ -72,12 +78,14 @@ REF_BOUND = 1e-6
 MODEL = {"build": tiny_gpt.pipeline_model, "reference": tiny_gpt.Reference, "embedding": tiny_gpt.Embedding}
 
 
-def run_engine(hcg, vpp, m, delay, overlap, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh):
+def run_engine(hcg, vpp, m, delay, overlap, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh, zb=False):
     paddle.seed(0)
     model = MODEL["build"](VOCAB, hidden, SEQ, blocks=PP * vpp, pp=PP, vpp=vpp)
     sync = GradSyncSettings(dp_overlap=overlap and dp > 1, sharding_overlap=overlap and sh > 1,
                             bucket_mb=(bucket_kb / 1024.0) if bucket_kb else 128.0)
     extra = {k: True for k, on in (("fb_overlap", fb), ("overlap_p2p", p2p)) if on}  # issue 4's settings
+    if zb:
+        extra["kind"] = "interleaved-zb" if vpp > 1 else "zb-h1"
     engine = PipelineEngine(model, hcg, PipelineSettings(m, MBS, delay_scale_loss=delay, grad_sync=sync, **extra))
     opt = fleet.distributed_optimizer(paddle.optimizer.Adam(1e-2, parameters=model.parameters()))
     scaler = fleet.distributed_scaler(paddle.amp.GradScaler(init_loss_scaling=1024.0)) if use_scaler else None
@@ -154,11 +162,17 @@ def check_overlap(engine, stage, small_buckets, strict):
     stats = engine._grad_sync.last
     assert stats is not None and stats.overlap, stats
     spans = engine.last_step.spans
-    last_b_end = {}
-    for _pos, action, _start, end in spans:
+    last_b_end, last_w_start = {}, {}
+    actions = engine.schedule().ranks[stage]
+    starts = {pos: start for pos, _action, start, _end in spans}
+    for pos, action, start, end in spans:
         for part in computes(action):
-            if isinstance(part, B):
+            if isinstance(part, (B, W)):  # where a chunk's gradients become final
                 last_b_end[part.chunk] = max(last_b_end.get(part.chunk, 0.0), end)
+            if isinstance(part, W):
+                if pos and actions[pos - 1] == I(part.chunk, part.mb):
+                    start = starts[pos - 1]  # an I right before its W runs as a whole backward
+                last_w_start[part.chunk] = max(last_w_start.get(part.chunk, 0.0), start)
     order = [a.chunk for a in engine.schedule().ranks[stage] if isinstance(a, GradSync)]
     final_chunk = max(last_b_end, key=last_b_end.get)
     step_end = last_b_end[final_chunk]
@@ -169,6 +183,12 @@ def check_overlap(engine, stage, small_buckets, strict):
         lines.append(f"b{r.bucket}/c{r.chunk} ready {r.ready - step_end:+.4f} start {r.started - step_end:+.4f} "
                      f"end {r.finished - step_end:+.4f}{' early' if r.early else ''}")
     text = "\n".join(lines)
+    linear_weights = {id(s.weight) for s in engine._layers.sublayers() if isinstance(s, paddle.nn.Linear)}
+    for r in records:  # zero bubble: never before the chunk's last W began (#144530)
+        slots = engine._grad_sync.buckets[r.bucket].slots
+        if r.chunk in last_w_start and any(id(slot.param) in linear_weights for slot in slots):
+            assert r.ready >= last_w_start[r.chunk], (f"rank {stage}: bucket {r.bucket} of chunk {r.chunk} was handed "
+                                                      f"over before the chunk's last W began\n{text}")
     others = [r for r in records if r.chunk != final_chunk]
     for r in others:
         assert r.ready < step_end, (f"rank {stage}: bucket {r.bucket} of chunk {r.chunk} was handed over "
@@ -225,7 +245,7 @@ def main():
         opts = parts[5] if len(parts) > 5 else ""
         configs.append((nums[0], nums[1], bool(nums[2]), nums[3] if len(nums) > 3 else 0,
                         nums[4] if len(nums) > 4 else 16, "fb" in flags or "f" in opts,
-                        "p2p" in flags or "p" in opts, "overlapgpt" in flags or "o" in opts))
+                        "p2p" in flags or "p" in opts, "overlapgpt" in flags or "o" in opts, "z" in opts))
     use_model(configs[0][7])
     paddle_ext.enable()  # first: the pp_configs string below is the plugin's to parse
     strategy = fleet.DistributedStrategy()
@@ -239,12 +259,16 @@ def main():
     me = dist.get_rank()
     shard = hcg.get_data_parallel_rank() * sh + (hcg.get_sharding_parallel_rank() if sh > 1 else 0)
     check_fleet_path(hcg, configs[0][1], dp, sh, shard)
-    for vpp, m, delay, bucket_kb, hidden, fb, p2p, overlap_model in configs:
+    for vpp, m, delay, bucket_kb, hidden, fb, p2p, overlap_model, zb in configs:
         use_model(overlap_model)
         tag = (f"dp={dp} sharding={sh} vpp={vpp} M={m} delay_scale_loss={delay} bucket_kb={bucket_kb or 131072} "
-               f"hidden={hidden} scaler={use_scaler} fb={fb} p2p={p2p} model={MODEL['build'].__module__}")
-        _, off, off_losses = run_engine(hcg, vpp, m, delay, False, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh)
-        engine, on, on_losses = run_engine(hcg, vpp, m, delay, True, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh)
+               f"hidden={hidden} scaler={use_scaler} fb={fb} p2p={p2p} model={MODEL['build'].__module__}"
+               f"{' zero_bubble=True' if zb else ''}")
+        _, off, off_losses = run_engine(hcg, vpp, m, delay, False, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh, zb)
+        engine, on, on_losses = run_engine(hcg, vpp, m, delay, True, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh,
+                                           zb)
+        if zb:
+            check_split(engine, stage, m)
         for key in off:
             if not np.array_equal(off[key], on[key]):
                 diff = np.max(np.abs(off[key].astype(np.float64) - on[key]))

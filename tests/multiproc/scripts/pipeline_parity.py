@@ -7,7 +7,10 @@ goes through fleet.distributed_model / distributed_optimizer (the fleet glue).
 
 After the steps, eval_batch's loss must equal the reference's forward.
 
-Usage: pipeline_parity.py PP VPP:M[,VPP:M...] [delay_scale|scaler]
+Usage: pipeline_parity.py PP VPP:M[:KIND][,VPP:M[:KIND]...] [delay_scale|scaler]
+(KIND: a schedule kind, default the engine's; a zero-bubble kind through
+pp_configs.schedule_mode on the fleet path, and its I/W split must have deferred
+weight gradients wherever an I is apart from its W, without splitting any sum)
 (scaler: an AMP GradScaler with loss scaling 2**10, fleet.distributed_scaler on
 the pipeline side, a plain one on the reference side)
 """
@@ -18,7 +21,7 @@ import paddle
 import paddle.distributed.fleet as fleet
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
-from _parity import GradRecorder, assert_equal, ref_param, stage_params  # noqa: E402
+from _parity import GradRecorder, assert_equal, check_split, ref_param, stage_params  # noqa: E402
 
 import paddle_ext  # noqa: E402
 from examples.tiny_gpt import Embedding, Reference, batch, pipeline_model  # noqa: E402
@@ -28,7 +31,7 @@ from paddle_ext.pipeline.schedule import simulate  # noqa: E402
 VOCAB, HIDDEN, SEQ, MBS, STEPS = 32, 16, 8, 2, 3
 
 
-def run_pair(hcg, vpp, m, delay, via_fleet, use_scaler=False):
+def run_pair(hcg, vpp, m, delay, via_fleet, use_scaler=False, kind=None):
     pp, stage = hcg.get_pipe_parallel_world_size(), hcg.get_stage_id()
     paddle.seed(0)
     model = pipeline_model(VOCAB, HIDDEN, SEQ, blocks=pp * vpp, pp=pp, vpp=vpp)
@@ -40,7 +43,7 @@ def run_pair(hcg, vpp, m, delay, via_fleet, use_scaler=False):
         assert isinstance(engine, PipelineEngine), type(engine)
         opt = fleet.distributed_optimizer(paddle.optimizer.Adam(1e-2, parameters=model.parameters()))
     else:
-        engine = PipelineEngine(model, hcg, PipelineSettings(m, MBS, delay_scale_loss=delay))
+        engine = PipelineEngine(model, hcg, PipelineSettings(m, MBS, delay_scale_loss=delay, kind=kind))
         opt = paddle.optimizer.Adam(1e-2, parameters=model.parameters())
     recorder = GradRecorder(opt, mine)
     ref_opt = paddle.optimizer.Adam(1e-2, parameters=ref.parameters())
@@ -91,24 +94,35 @@ def run_pair(hcg, vpp, m, delay, via_fleet, use_scaler=False):
     assert_equal(f"pp={pp} vpp={vpp} M={m} eval_batch loss", eval_loss.numpy(), ref_eval.numpy())
     predicted = simulate(engine.schedule(m)).peak_in_flight[stage]
     assert engine.last_step.peak_in_flight <= predicted, (engine.last_step.peak_in_flight, predicted)
+    note = ""
+    if kind is not None and "zb" in kind:
+        note = check_split(engine, stage, m)
     print(f"rank {stage}: pp={pp} vpp={vpp} M={m} delay_scale_loss={delay} scaler={use_scaler}: bitwise equal "
-          f"(peak in flight {engine.last_step.peak_in_flight}, simulated {predicted})", flush=True)
+          f"(kind {engine.schedule(m).kind}, peak in flight {engine.last_step.peak_in_flight}, simulated "
+          f"{predicted}{note})", flush=True)
 
 
 def main():
     pp = int(sys.argv[1])
-    pairs = [tuple(int(x) for x in item.split(":")) for item in sys.argv[2].split(",")]
+    pairs = []
+    for item in sys.argv[2].split(","):
+        parts = item.split(":")
+        pairs.append((int(parts[0]), int(parts[1]), parts[2] if len(parts) > 2 else None))
     delay = len(sys.argv) > 3 and sys.argv[3] == "delay_scale"
     use_scaler = len(sys.argv) > 3 and sys.argv[3] == "scaler"
     strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": pp,
-                               "pp_configs": {"delay_scale_loss": delay}}
+    pp_configs = {"delay_scale_loss": delay}
+    first_kind = pairs[0][2]
+    if first_kind is not None:  # the fleet path selects it through the strategy
+        mode = {"zb-h1": "ZBH1", "interleaved-zb": "ZBVPP", "1f1b": "1F1B", "interleaved": "VPP"}[first_kind]
+        pp_configs["schedule_mode"] = mode
     strategy.pipeline_configs = {"accumulate_steps": pairs[0][1], "micro_batch_size": MBS}
     paddle_ext.enable()  # before fleet.init: the gloo fixes cover its group creation
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": pp, "pp_configs": pp_configs}
     fleet.init(is_collective=True, strategy=strategy)
     hcg = fleet.get_hybrid_communicate_group()
-    for i, (vpp, m) in enumerate(pairs):
-        run_pair(hcg, vpp, m, delay, via_fleet=(i == 0), use_scaler=use_scaler)
+    for i, (vpp, m, kind) in enumerate(pairs):
+        run_pair(hcg, vpp, m, delay, via_fleet=(i == 0), use_scaler=use_scaler, kind=kind)
     print(f"rank {hcg.get_stage_id()}: all pairs passed", flush=True)
 
 
