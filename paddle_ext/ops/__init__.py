@@ -1,9 +1,10 @@
 """Custom operators: Python APIs with argument checks over the op library."""
 
+from paddle_ext.ops._checks import InvalidArgumentError
 from paddle_ext.ops._library import OpLibraryError, get_num_threads, set_num_threads, thread_pool
 from paddle_ext.ops.c_embedding import c_embedding
 from paddle_ext.ops.flash_attention import flash_attention, flash_attn_unpadded
 from paddle_ext.ops.rotary import fused_rotary_position_embedding
 
-__all__ = ["OpLibraryError", "c_embedding", "flash_attention", "flash_attn_unpadded",
+__all__ = ["InvalidArgumentError", "OpLibraryError", "c_embedding", "flash_attention", "flash_attn_unpadded",
            "fused_rotary_position_embedding", "get_num_threads", "set_num_threads", "thread_pool"]

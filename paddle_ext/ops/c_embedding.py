@@ -15,7 +15,13 @@ import re
 import numpy as np
 
 from paddle_ext.ops import _library
-from paddle_ext.ops._checks import require_dtype, require_int, require_ndim, require_tensor
+from paddle_ext.ops._checks import (
+    InvalidArgumentError,
+    require_dtype,
+    require_int,
+    require_ndim,
+    require_tensor,
+)
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 ID_DTYPES = ("int32", "int64")
@@ -52,11 +58,11 @@ def c_embedding(weight, ids, start_index: int = 0, vocab_size: int = -1):
     require_int("vocab_size", vocab_size, low=1, also=(-1,))
     rows = int(weight.shape[0])
     if vocab_size > 0 and start_index + rows > vocab_size:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"start_index + weight rows must be <= vocab_size, got start_index={start_index}, "
             f"rows={rows}, vocab_size={vocab_size}")
     if str(weight.place) != str(ids.place):
-        raise ValueError(f"weight and ids must be on the same device, got {weight.place} and {ids.place}")
+        raise InvalidArgumentError(f"weight and ids must be on the same device, got {weight.place} and {ids.place}")
     try:
         (out,) = _library.run("pe_c_embedding", weight, ids, start_index, vocab_size)
     except Exception as err:  # the kernel's PD_CHECK arrives as OSError (3.x) or another type
