@@ -42,9 +42,10 @@ def dtype_name(tensor: Any) -> str:
 
 
 def require_tensor(name: str, value: Any) -> None:
-    import paddle
+    """value must be a Tensor (or, while a static program is built, one of its variables)."""
+    from paddle_ext import compat
 
-    if not isinstance(value, paddle.Tensor):
+    if not compat.is_tensor(value):
         raise ArgumentTypeError(f"{name} must be a paddle.Tensor, got {type(value).__name__}")
 
 
@@ -64,6 +65,16 @@ def require_same_dtype(name: str, tensor: Any, other_name: str, other: Any) -> N
     """tensor must have other's dtype (key and value that of query, ...)."""
     if dtype_name(tensor) != dtype_name(other):
         raise ArgumentTypeError(f"{name} must have {other_name}'s dtype {dtype_name(other)}, got {dtype_name(tensor)}")
+
+
+def same_place(a: Any, b: Any) -> bool:
+    """Whether two tensors are on the same device; always True for a static
+    program's variables, whose place is the executor's."""
+    from paddle_ext import compat
+
+    if not compat.in_dynamic_mode():
+        return True
+    return str(a.place) == str(b.place)
 
 
 def require_int(name: str, value: Any, *, low: int | None = None, high: int | None = None,

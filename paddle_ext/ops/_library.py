@@ -52,8 +52,9 @@ def load() -> ctypes.CDLL:
 
 
 def run(op_name: str, *args: Any) -> list:
+    """Runs a registered op eagerly, or adds it to the static program being built."""
     load()
-    return compat.run_custom_op(op_name, *args)
+    return compat.run_custom_op_any_mode(op_name, *args)
 
 
 def set_num_threads(n: int) -> None:

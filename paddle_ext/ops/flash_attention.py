@@ -62,6 +62,7 @@ from paddle_ext.ops._checks import (
     require_ndim,
     require_same_dtype,
     require_tensor,
+    same_place,
 )
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
@@ -109,7 +110,7 @@ def _check_qkv(query, key, value, rank: int) -> None:
     require_dtype("query", query, FLOAT_DTYPES)
     for name, t in (("key", key), ("value", value)):
         require_same_dtype(name, t, "query", query)
-        if str(t.place) != str(query.place):
+        if not same_place(t, query):
             raise InvalidArgumentError(f"{name} must be on query's device {query.place}, got {t.place}")
     qs, ks, vs = list(query.shape), list(key.shape), list(value.shape)
     if vs != ks:
@@ -288,7 +289,7 @@ def flash_attn_unpadded(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqle
         require_ndim(arg, t, 1)
         if dtype_name(t) != "int32":
             raise ArgumentTypeError(f"{arg} must be int32, got {dtype_name(t)}")
-        if str(t.place) != str(query.place):
+        if not same_place(t, query):
             raise InvalidArgumentError(f"{arg} must be on query's device {query.place}, got {t.place}")
     if int(cu_seqlens_q.shape[0]) != int(cu_seqlens_k.shape[0]) or int(cu_seqlens_q.shape[0]) < 2:
         raise InvalidArgumentError("cu_seqlens_q and cu_seqlens_k must both have batch + 1 >= 2 entries, got "

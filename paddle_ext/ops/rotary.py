@@ -41,6 +41,7 @@ from paddle_ext.ops._checks import (
     require_dtype,
     require_same_dtype,
     require_tensor,
+    same_place,
 )
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
@@ -176,7 +177,7 @@ def _require_4d(name, t, time_major):
 
 
 def _require_same_place(name, t, q):
-    if str(t.place) != str(q.place):
+    if not same_place(t, q):
         raise InvalidArgumentError(f"{name} must be on q's device {q.place}, got {t.place}")
 
 
