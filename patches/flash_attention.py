@@ -14,9 +14,10 @@ probabilities with dropped entries negated), and 3.x's packed-QKV names
 flash_attn_qkvpacked / flash_attn_varlen_qkvpacked (module and
 paddle.nn.functional; no CPU kernel in Paddle) at
 paddle_ext.ops.flash_attention_packed and calc_reduced_attention_scores at
-paddle_ext.ops.attention_scores, where the release has them. Static
-graphs (paddle.static, to_static) get the plugin's custom ops as well: Paddle's
-flash_attn / flash_attn_unpadded ops have no CPU kernel.
+paddle_ext.ops.attention_scores, where the release has them. On CPU builds
+static graphs (paddle.static, to_static) get the plugin's custom ops as well:
+Paddle's flash_attn / flash_attn_unpadded / packed ops have no CPU kernel;
+GPU builds keep Paddle's ops in static programs.
 
 Code that imported the functions before enable() (`from
 paddle.nn.functional.flash_attention import flash_attention`) keeps the object
@@ -48,6 +49,13 @@ def owner():
     return importlib.import_module(MODULE)
 
 
+def _plugin_builds_static() -> bool:
+    """Whether the plugin's ops serve Paddle's names: always in dynamic mode; in
+    static graphs on CPU builds, where Paddle's flash attention ops have no kernel
+    (GPU builds keep Paddle's ops in static programs: its kernels answer there)."""
+    return compat.in_dynamic_mode() or compat.device_build() == "cpu"
+
+
 def _flash_attention_3x(original):
     @functools.wraps(original)
     def flash_attention(query, key, value, dropout=0.0, causal=False, return_softmax=False, *,
@@ -56,10 +64,15 @@ def _flash_attention_3x(original):
             return plugin_flash_attention(query, key, value, dropout, causal, return_softmax,
                                           fixed_seed_offset=fixed_seed_offset, rng_name=rng_name,
                                           training=training, name=name, softmax_scale=softmax_scale)
-        # Static graphs: the plugin's custom op too (compat.run_custom_op_any_mode).
-        return plugin_flash_attention(query, key, value, dropout, causal, return_softmax,
-                                      fixed_seed_offset=fixed_seed_offset, rng_name=rng_name,
-                                      training=training, name=name, softmax_scale=softmax_scale)
+        if _plugin_builds_static():
+            return plugin_flash_attention(query, key, value, dropout, causal, return_softmax,
+                                          fixed_seed_offset=fixed_seed_offset, rng_name=rng_name,
+                                          training=training, name=name, softmax_scale=softmax_scale)
+        # Static graphs on GPU builds: Paddle's function; softmax_scale only when
+        # set, so that a release without it (2.6) fails only for a program that uses it.
+        extra = {} if softmax_scale is None else {"softmax_scale": softmax_scale}
+        return original(query, key, value, dropout, causal, return_softmax, fixed_seed_offset=fixed_seed_offset,
+                        rng_name=rng_name, training=training, name=name, **extra)
 
     flash_attention.__paddle_ext_unit__ = "flash_attention"
     return flash_attention
@@ -70,8 +83,8 @@ def _flash_attn_unpadded(original):
     def flash_attn_unpadded(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                             dropout=0.0, causal=False, return_softmax=False, fixed_seed_offset=None, rng_name="",
                             training=True, name=None):
-        # Both modes: Paddle's op has no CPU kernel, in static graphs neither.
-        return plugin_flash_attn_unpadded(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, dropout,
+        fn = plugin_flash_attn_unpadded if _plugin_builds_static() else original
+        return fn(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, dropout,
                   causal, return_softmax, fixed_seed_offset, rng_name, training, name)
 
     flash_attn_unpadded.__paddle_ext_unit__ = "flash_attention"
@@ -82,6 +95,9 @@ def _flash_attn_qkvpacked(original):
     @functools.wraps(original)
     def flash_attn_qkvpacked(qkv, dropout=0.0, causal=False, return_softmax=False, *, fixed_seed_offset=None,
                              rng_name="", training=True, name=None):
+        if not _plugin_builds_static():
+            return original(qkv, dropout, causal, return_softmax, fixed_seed_offset=fixed_seed_offset,
+                            rng_name=rng_name, training=training, name=name)
         return packed.flash_attn_qkvpacked(qkv, dropout, causal, return_softmax, fixed_seed_offset=fixed_seed_offset,
                                            rng_name=rng_name, training=training, name=name)
 
@@ -94,9 +110,9 @@ def _flash_attn_varlen_qkvpacked(original):
     def flash_attn_varlen_qkvpacked(qkv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                                     dropout=0.0, causal=False, return_softmax=False, fixed_seed_offset=None,
                                     rng_name="", varlen_padded=True, training=True, name=None):
-        return packed.flash_attn_varlen_qkvpacked(qkv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                                  scale, dropout, causal, return_softmax, fixed_seed_offset,
-                                                  rng_name, varlen_padded, training, name)
+        fn = packed.flash_attn_varlen_qkvpacked if _plugin_builds_static() else original
+        return fn(qkv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, dropout, causal,
+                  return_softmax, fixed_seed_offset, rng_name, varlen_padded, training, name)
 
     flash_attn_varlen_qkvpacked.__paddle_ext_unit__ = "flash_attention"
     return flash_attn_varlen_qkvpacked
@@ -105,7 +121,8 @@ def _flash_attn_varlen_qkvpacked(original):
 def _calc_reduced_attention_scores(original):
     @functools.wraps(original)
     def calc_reduced_attention_scores(query, key, softmax_lse):
-        return plugin_reduced_scores(query, key, softmax_lse)
+        fn = plugin_reduced_scores if _plugin_builds_static() else original
+        return fn(query, key, softmax_lse)
 
     calc_reduced_attention_scores.__paddle_ext_unit__ = "flash_attention"
     return calc_reduced_attention_scores
