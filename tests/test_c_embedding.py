@@ -224,14 +224,19 @@ def test_lookup_table_equals_stock_paddle_bit_for_bit(dtype, clean_series):
     ids = np.array([[3, 3, 17, 5], [5, 4, 3, 14]], dtype="int64")  # rows 0, 0, -, 2 / 2, 1, 0, 11
     out_grad = _table(rng, ids.shape + (6,), dtype)
     out_grad[1, 1, :2] = -0.0  # row 1's only gradient: Paddle's sum from +0 gives +0, not -0
-    stock = _lookup_and_grad(table, ids, out_grad, 3, 20)
+    try:
+        stock = _lookup_and_grad(table, ids, out_grad, 3, 20)
+    except RuntimeError as err:  # 2.6.2's CPU kernel has no complex dtypes (its GPU kernel has)
+        assert "is not registered" in str(err) and dtype.startswith("complex"), err
+        stock = None
     clean_series.enable()
     ours = _lookup_and_grad(table, ids, out_grad, 3, 20)
     assert not np.signbit(ours[1][1, :2].real).any()
-    zeroed = table.size * 4  # bytes of the gradient stock Paddle zeroes
-    assert ours[0].dtype == stock[0].dtype == ours[1].dtype == stock[1].dtype == np.dtype(dtype)
-    assert ours[0].tobytes() == stock[0].tobytes()
-    assert ours[1].tobytes()[:zeroed] == stock[1].tobytes()[:zeroed]
+    assert ours[0].dtype == ours[1].dtype == np.dtype(dtype)
+    if stock is not None:
+        zeroed = table.size * 4  # bytes of the gradient stock Paddle zeroes
+        assert ours[0].tobytes() == stock[0].tobytes()
+        assert ours[1].tobytes()[:zeroed] == stock[1].tobytes()[:zeroed]
     want_out, want_grad = _sequential_reference(table, ids, out_grad, 3)
     assert ours[0].tobytes() == want_out.tobytes()
     assert ours[1].tobytes() == want_grad.tobytes()

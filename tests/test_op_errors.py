@@ -189,6 +189,8 @@ def test_plugin_raises_an_instance_of_what_stock_paddle_raises(case, clean_serie
     call = STOCK_REFUSED[case]
     with pytest.raises(Exception) as stock:
         call()
+    if "is not registered" in str(stock.value) and "Selected wrong DataType" not in str(stock.value):
+        pytest.skip(f"this Paddle has no CPU kernel for the op at all ({paddle.__version__}): nothing to compare")
     paddle_ext.enable()
     with pytest.raises(Exception) as ours:
         call()

@@ -12,6 +12,7 @@ import paddle
 import pytest
 
 import paddle_ext
+import paddle_ext.ops as ops
 
 
 @pytest.fixture
@@ -43,28 +44,36 @@ def _inputs():
     return {
         "q": rng.standard_normal((2, 24, 4, 32)).astype(np.float32),
         "k": rng.standard_normal((2, 24, 2, 32)).astype(np.float32),
+        "v": rng.standard_normal((2, 24, 2, 32)).astype(np.float32),
+        "uq": rng.standard_normal((24, 4, 32)).astype(np.float32),
+        "uk": rng.standard_normal((24, 2, 32)).astype(np.float32),
         "sin": np.sin(rng.uniform(-3, 3, (30, 32))).astype(np.float32),
         "cos": np.cos(rng.uniform(-3, 3, (30, 32))).astype(np.float32),
         "ids": rng.integers(0, 30, (2, 24)).astype(np.int64),
         "cu": cu,
         "qkv": rng.standard_normal((2, 24, 3, 2, 32)).astype(np.float32),
+        "rows": rng.standard_normal((16, 3, 2, 32)).astype(np.float32),
         "padded_cu": padded_cu,
     }
 
 
+LEAVES = ("q", "k", "v", "uq", "uk", "qkv", "rows")
+
+
 def _model(t):
-    """Every routed name once; returns the outputs and what their gradients are taken of."""
+    """Every routed name once, each input into one op (so that no gradient is a sum
+    whose order the graph may change); returns the outputs and the loss."""
     fa = _fa()
-    q, k = t["q"], t["k"]
-    rq, rk, _ = _rope(q, k, sin=t["sin"], cos=t["cos"], position_ids=t["ids"], use_neox_rotary_style=False)
-    out_fa, _ = fa.flash_attention(rq, rk, k, causal=True)
-    flat_q = q.reshape([48, 4, 32])
-    flat_k = k.reshape([48, 2, 32])
-    out_varlen, _ = fa.flash_attn_unpadded(flat_q[:24], flat_k[:24], flat_k[:24], t["cu"], t["cu"], 11, 11,
-                                           0.2, causal=True)
-    out_packed, _ = fa.flash_attn_qkvpacked(t["qkv"], causal=True)
-    packed_rows = t["qkv"].reshape([48, 3, 2, 32])[:16]
-    out_vpacked, _ = fa.flash_attn_varlen_qkvpacked(packed_rows, t["padded_cu"], t["padded_cu"], 8, 8, 0.3,
+    rq, rk, _ = _rope(t["q"], t["k"], sin=t["sin"], cos=t["cos"], position_ids=t["ids"],
+                      use_neox_rotary_style=False)
+    out_fa, _ = fa.flash_attention(rq, rk, t["v"], causal=True)
+    out_varlen, _ = fa.flash_attn_unpadded(t["uq"], t["uk"], t["uk"] * 0.5, t["cu"], t["cu"], 11, 11, 0.2,
+                                           causal=True)
+    # Paddle's packed names where the release has them (3.x), else the plugin's (2.6.2)
+    qkvpacked = getattr(fa, "flash_attn_qkvpacked", ops.flash_attn_qkvpacked)
+    varlen_qkvpacked = getattr(fa, "flash_attn_varlen_qkvpacked", ops.flash_attn_varlen_qkvpacked)
+    out_packed, _ = qkvpacked(t["qkv"], causal=True)
+    out_vpacked, _ = varlen_qkvpacked(t["rows"], t["padded_cu"], t["padded_cu"], 8, 8, 0.3,
                                                     causal=False)
     outs = [out_fa, out_varlen, out_packed, out_vpacked]
     loss = sum((o * o).mean() for o in outs)
@@ -73,10 +82,10 @@ def _model(t):
 
 def _dynamic(data):
     t = {name: paddle.to_tensor(value) for name, value in data.items()}
-    for name in ("q", "k", "qkv"):
+    for name in LEAVES:
         t[name].stop_gradient = False
     outs, loss = _model(t)
-    grads = paddle.grad([loss], [t["q"], t["k"], t["qkv"]])
+    grads = paddle.grad([loss], [t[name] for name in LEAVES])
     return [o.numpy() for o in outs], [g.numpy() for g in grads]
 
 
@@ -87,15 +96,16 @@ def test_static_program_runs_the_plugin_ops_and_equals_dynamic(enabled):
     main, startup = paddle.static.Program(), paddle.static.Program()
     with paddle.static.program_guard(main, startup):
         t = {name: paddle.static.data(name, list(value.shape), str(value.dtype)) for name, value in data.items()}
-        for name in ("q", "k", "qkv"):
+        for name in LEAVES:
             t[name].stop_gradient = False
         outs, loss = _model(t)
-        grads = paddle.static.gradients([loss], [t["q"], t["k"], t["qkv"]])
+        grads = paddle.static.gradients([loss], [t[name] for name in LEAVES])
     exe = paddle.static.Executor(paddle.CPUPlace())
     exe.run(startup)
     got = exe.run(main, feed=data, fetch_list=[*outs, *grads])
-    for name, a, b in zip(("flash_attention", "flash_attn_unpadded", "flash_attn_qkvpacked",
-                           "flash_attn_varlen_qkvpacked", "dq", "dk", "dqkv"), got, want_outs + want_grads):
+    names = ("flash_attention", "flash_attn_unpadded", "flash_attn_qkvpacked", "flash_attn_varlen_qkvpacked",
+             *(f"d{name}" for name in LEAVES))
+    for name, a, b in zip(names, got, want_outs + want_grads):
         np.testing.assert_array_equal(a, b, err_msg=name)
     assert not got[3][5:8].any() and not got[3][15:].any() and got[3][8:15].all()  # padding rows: zeros
 
@@ -105,17 +115,16 @@ def test_to_static_function_equals_dynamic(enabled):
     want_outs, want_grads = _dynamic(data)
 
     @paddle.jit.to_static(full_graph=True)
-    def run(q, k, sin, cos, ids, cu, qkv, padded_cu):
-        outs, loss = _model(dict(q=q, k=k, sin=sin, cos=cos, ids=ids, cu=cu, qkv=qkv, padded_cu=padded_cu))
-        return outs, loss
+    def run(t):
+        return _model(t)
 
     t = {name: paddle.to_tensor(value) for name, value in data.items()}
-    for name in ("q", "k", "qkv"):
+    for name in LEAVES:
         t[name].stop_gradient = False
-    outs, loss = run(**t)
+    outs, loss = run(t)
     loss.backward()
     for name, a, b in zip(("flash_attention", "flash_attn_unpadded", "flash_attn_qkvpacked",
                            "flash_attn_varlen_qkvpacked"), outs, want_outs):
         np.testing.assert_array_equal(a.numpy(), b, err_msg=name)
-    for name, g, want in zip(("dq", "dk", "dqkv"), (t["q"].grad, t["k"].grad, t["qkv"].grad), want_grads):
-        np.testing.assert_array_equal(g.numpy(), want, err_msg=name)
+    for name, want in zip(LEAVES, want_grads):
+        np.testing.assert_array_equal(t[name].grad.numpy(), want, err_msg=f"d{name}")

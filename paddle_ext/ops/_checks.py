@@ -20,10 +20,11 @@ class InvalidArgumentError(ValueError, AssertionError):
 
 
 class ArgumentTypeError(TypeError, InvalidArgumentError):
-    """An argument of the wrong kind: not a Tensor, or a dtype that differs from
-    the tensor it must match. Paddle's C++ entry points refuse a non-Tensor
-    argument and its kernels a tensor of another dtype than their first input
-    with InvalidArgument (ValueError), where Python code expects TypeError."""
+    """An argument of the wrong kind: not a Tensor, not a bool / int / float where
+    one is needed, or a dtype that differs from the tensor it must match.
+    Paddle's C++ entry points refuse those with InvalidType (TypeError, 3.x) or
+    InvalidArgument (ValueError: 2.6, a non-Tensor argument on 3.x, its kernels
+    for a tensor of another dtype than their first input)."""
 
 
 class UnsupportedDtypeError(TypeError, RuntimeError):
@@ -77,11 +78,21 @@ def same_place(a: Any, b: Any) -> bool:
     return str(a.place) == str(b.place)
 
 
+def contiguous(t: Any) -> Any:
+    """t with contiguous memory (the kernels read raw pointers); a static
+    program's variable as it is (2.6's have no is_contiguous; the executor
+    passes contiguous tensors)."""
+    is_contiguous = getattr(t, "is_contiguous", None)
+    if is_contiguous is not None and not is_contiguous():
+        return t.contiguous()
+    return t
+
+
 def require_int(name: str, value: Any, *, low: int | None = None, high: int | None = None,
                 also: tuple[int, ...] = ()) -> None:
     """value must be an int in [low, high] (either end optional) or one of `also`."""
     if not isinstance(value, int) or isinstance(value, bool):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
     if value in also:
         return
     if (low is not None and value < low) or (high is not None and value > high):

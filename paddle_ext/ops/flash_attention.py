@@ -57,6 +57,7 @@ from paddle_ext.ops._checks import (
     ArgumentTypeError,
     InvalidArgumentError,
     RankError,
+    contiguous,
     dtype_name,
     require_dtype,
     require_ndim,
@@ -81,12 +82,12 @@ def cpu_isa() -> str:
 
 def _require_bool(name: str, value) -> None:
     if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
 
 def _require_probability(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a float in [0, 1), got {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(f"{name} must be a float in [0, 1), got {type(value).__name__} {value!r}")
     if not 0.0 <= float(value) < 1.0:
         raise InvalidArgumentError(f"{name} must be in [0, 1), got {value}")
     return float(value)
@@ -94,7 +95,7 @@ def _require_probability(name: str, value) -> float:
 
 def _require_scale(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a positive float, got {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(f"{name} must be a positive float, got {type(value).__name__} {value!r}")
     if not float(value) > 0.0:
         raise InvalidArgumentError(f"{name} must be a positive float, got {value}")
     return float(value)
@@ -136,7 +137,7 @@ def _check_seed(fixed_seed_offset, rng_name) -> None:
             raise InvalidArgumentError("fixed_seed_offset must be an int64 tensor of 2 elements (seed, offset), got "
                                        f"{dtype_name(fixed_seed_offset)} of shape {list(fixed_seed_offset.shape)}")
     if not isinstance(rng_name, str):
-        raise TypeError(f"rng_name must be a str, got {type(rng_name).__name__} {rng_name!r}")
+        raise ArgumentTypeError(f"rng_name must be a str, got {type(rng_name).__name__} {rng_name!r}")
     if rng_name:
         from paddle.base import core
 
@@ -147,11 +148,7 @@ def _check_seed(fixed_seed_offset, rng_name) -> None:
                                        "paddle.base.core.set_random_seed_generator(name, seed)") from None
 
 
-def _contiguous(t):
-    is_contiguous = getattr(t, "is_contiguous", None)
-    if is_contiguous is not None and not is_contiguous():
-        return t.contiguous()
-    return t
+_contiguous = contiguous
 
 
 def _run(op_name: str, *args):
@@ -296,7 +293,7 @@ def flash_attn_unpadded(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqle
                                    f"{int(cu_seqlens_q.shape[0])} and {int(cu_seqlens_k.shape[0])}")
     for arg, v in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(v, bool) or not isinstance(v, int):
-            raise TypeError(f"{arg} must be an int, got {type(v).__name__} {v!r}")
+            raise ArgumentTypeError(f"{arg} must be an int, got {type(v).__name__} {v!r}")
         if v < 0:
             raise InvalidArgumentError(f"{arg} must be >= 0, got {v}")
     scale = _require_scale("scale", scale)

@@ -94,7 +94,7 @@ def flash_attn_varlen_qkvpacked(qkv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, m
         of out are zeros.
     """
     if not isinstance(varlen_padded, bool):
-        raise TypeError(f"varlen_padded must be a bool, got {type(varlen_padded).__name__} {varlen_padded!r}")
+        raise ArgumentTypeError(f"varlen_padded must be a bool, got {type(varlen_padded).__name__} {varlen_padded!r}")
     query, key, value = _split(qkv, 1)
     args = (max_seqlen_q, max_seqlen_k, scale, dropout, causal, return_softmax, fixed_seed_offset, rng_name,
             training, name)
@@ -135,7 +135,7 @@ def _padded_segments(which: str, cu_seqlens, max_seqlen, total, qkv):
 
     arg = f"cu_seqlens_{which}"
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
-        raise TypeError(f"max_seqlen_{which} must be an int, got {type(max_seqlen).__name__} {max_seqlen!r}")
+        raise ArgumentTypeError(f"max_seqlen_{which} must be an int, got {type(max_seqlen).__name__} {max_seqlen!r}")
     if max_seqlen < 1:
         raise InvalidArgumentError(f"max_seqlen_{which} must be >= 1 with varlen_padded=True (the stride of "
                                    f"the sequences' rows), got {max_seqlen}")

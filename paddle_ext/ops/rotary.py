@@ -35,8 +35,10 @@ import numpy as np
 
 from paddle_ext.ops import _library
 from paddle_ext.ops._checks import (
+    ArgumentTypeError,
     InvalidArgumentError,
     RankError,
+    contiguous,
     dtype_name,
     require_dtype,
     require_same_dtype,
@@ -126,7 +128,7 @@ def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, posit
         if dtype_name(position_ids) != "int64":
             position_ids = position_ids.astype("int64")
 
-    tables = [None if t is None else _contiguous(t) for t in (sin, cos, position_ids)]
+    tables = [None if t is None else contiguous(t) for t in (sin, cos, position_ids)]
     attrs = (bool(use_neox_rotary_style), bool(time_major), base)
     outs = []
     checked = position_ids is None
@@ -140,7 +142,7 @@ def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, posit
             outs.append(paddle.zeros_like(t))
             continue
         try:  # the kernel checks the position ids with the first tensor it rotates
-            (out,) = _library.run("pe_rotary", _contiguous(t), *tables, *attrs, not checked)
+            (out,) = _library.run("pe_rotary", contiguous(t), *tables, *attrs, not checked)
         except Exception as err:  # the kernel's PD_CHECK arrives as OSError (3.x) or another type
             match = _BAD_POSITION.search(str(err))
             if match is None:
@@ -158,12 +160,12 @@ def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, posit
 
 def _check_flag(name, value):
     if not isinstance(value, (bool, np.bool_)):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
 
 def _check_base(value):
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"rotary_emb_base must be a number, got {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(f"rotary_emb_base must be a number, got {type(value).__name__} {value!r}")
     base = float(value)
     if not (math.isfinite(base) and base > 0):
         raise InvalidArgumentError(f"rotary_emb_base must be a finite number > 0, got {value!r}")
@@ -208,5 +210,3 @@ def _check_table(name, t, q, head_dim):
     return rows
 
 
-def _contiguous(t):
-    return t if t.is_contiguous() else t.contiguous()
