@@ -32,7 +32,9 @@ import importlib
 from paddle_ext import compat
 from paddle_ext.ops import _library
 from paddle_ext.ops import flash_attention_packed as packed
+from paddle_ext.ops._checks import dtype_name
 from paddle_ext.ops.attention_scores import calc_reduced_attention_scores as plugin_reduced_scores
+from paddle_ext.ops.flash_attention import FLOAT_DTYPES as PLUGIN_DTYPES
 from paddle_ext.ops.flash_attention import flash_attention as plugin_flash_attention
 from paddle_ext.ops.flash_attention import flash_attn_unpadded as plugin_flash_attn_unpadded
 from paddle_ext.patches._unit import Patcher, PatchUnit
@@ -64,12 +66,13 @@ def _flash_attention_3x(original):
             return plugin_flash_attention(query, key, value, dropout, causal, return_softmax,
                                           fixed_seed_offset=fixed_seed_offset, rng_name=rng_name,
                                           training=training, name=name, softmax_scale=softmax_scale)
-        if _plugin_builds_static():
+        if _plugin_builds_static() and dtype_name(query) in PLUGIN_DTYPES:
             return plugin_flash_attention(query, key, value, dropout, causal, return_softmax,
                                           fixed_seed_offset=fixed_seed_offset, rng_name=rng_name,
                                           training=training, name=name, softmax_scale=softmax_scale)
-        # Static graphs on GPU builds: Paddle's function; softmax_scale only when
-        # set, so that a release without it (2.6) fails only for a program that uses it.
+        # Static graphs on GPU builds, and dtypes the plugin lacks (float64: Paddle's
+        # CPU math path takes it): Paddle's function; softmax_scale only when set, so
+        # that a release without it (2.6) fails only for a program that uses it.
         extra = {} if softmax_scale is None else {"softmax_scale": softmax_scale}
         return original(query, key, value, dropout, causal, return_softmax, fixed_seed_offset=fixed_seed_offset,
                         rng_name=rng_name, training=training, name=name, **extra)

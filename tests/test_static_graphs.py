@@ -128,3 +128,28 @@ def test_to_static_function_equals_dynamic(enabled):
         np.testing.assert_array_equal(a.numpy(), b, err_msg=name)
     for name, want in zip(LEAVES, want_grads):
         np.testing.assert_array_equal(t[name].grad.numpy(), want, err_msg=f"d{name}")
+
+
+def _static_float64_attention(q):
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", list(q.shape), "float64")
+        out, _ = _fa().flash_attention(x, x, x)
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    exe.run(startup)
+    return exe.run(main, feed={"x": q}, fetch_list=[out])[0]
+
+
+def test_static_float64_flash_attention_keeps_paddles_math_path(enabled):
+    """The plugin's kernel takes no float64; Paddle's CPU math path does, in static programs
+    too: enabled, the program gives stock Paddle's bits."""
+    q = np.random.default_rng(3).standard_normal((1, 6, 2, 8))
+    paddle.enable_static()
+    got = _static_float64_attention(q)
+    paddle_ext.disable()
+    stock = _static_float64_attention(q)
+    np.testing.assert_array_equal(got, stock)
+    s = np.einsum("bihd,bjhd->bhij", q, q) / np.sqrt(8)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = np.einsum("bhij,bjhd->bihd", p / p.sum(-1, keepdims=True), q)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
