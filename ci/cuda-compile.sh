@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # CUDA compile leg: compiles every CUDA source under csrc/ with nvcc for sm_80
-# and sm_90, links the host probe (csrc/tools/device_probe.cc) against cudart
-# and runs it. Needs nvcc, not a GPU: without one the probe prints why (the
-# runtime's error) and that the kernels' entry points fail cleanly; with one it
-# checks the GPU kernels against the CPU kernels.
+# and sm_90 (warnings on), then hands the objects to tests/gpu/device_check.sh,
+# which builds and runs the GPU checks: without a GPU (CI) it runs the CPU half
+# of the kernel checks (CPU kernels against float64), the host probe
+# (csrc/tools/device_probe.cc: prints why there is no device and that the
+# kernels' entry points fail cleanly) and the ctypes library's self-test, and
+# exits 77, which passes this leg; with a GPU it checks the GPU kernels against
+# the CPU kernels (docs/gpu_check.md).
 #
 # CUDA sources: every *.cu under csrc/, and every *.cc / *.cpp that includes
 # gpu_runtime.h or cuda_runtime.h (host code over the CUDA runtime).
@@ -28,17 +31,21 @@ mapfile -t host_sources < <(sources_including 'gpu_runtime\.h|cuda_runtime\.h|cu
 
 for src in "${kernel_sources[@]}"; do
   echo "nvcc        $src"
-  "$NVCC" "${common[@]}" "${arch[@]}" --threads 2 -Xcompiler -Wall,-Wextra -c "$src" -o "$(obj "$src")"
+  # The flags tests/gpu/device_check.sh compiles kernels with (-fPIC: one goes into its ctypes library).
+  "$NVCC" "${common[@]}" "${arch[@]}" --threads 2 -Xcompiler -Wall,-Wextra,-fPIC -c "$src" -o "$(obj "$src")"
 done
 for src in "${host_sources[@]}"; do
   echo "nvcc (host) $src"
   "$NVCC" "${common[@]}" -Xcompiler -Wall,-Wextra -c "$src" -o "$(obj "$src")"
 done
 
-compile_probe_objects "${common[@]}" -Wall -Wextra
-echo "link        $out/device_probe"
-"$NVCC" "${probe_objs[@]}" -o "$out/device_probe"
-echo "run         $out/device_probe"
-"$out/device_probe"
+echo "run         tests/gpu/device_check.sh (reusing these kernel objects)"
+rc=0
+PADDLE_EXT_GPU_CHECK_DIR=$out PADDLE_EXT_GPU_CHECK_REUSE=1 NVCC=$NVCC bash tests/gpu/device_check.sh || rc=$?
+case $rc in
+  0) checks="GPU checks passed" ;;
+  77) checks="device_check skipped its GPU half (no GPU), CPU half passed" ;;
+  *) echo "cuda-compile: tests/gpu/device_check.sh failed (exit $rc)" >&2; exit 1 ;;
+esac
 
-leg_end "$((${#kernel_sources[@]} + ${#host_sources[@]})) CUDA sources compiled, probe ran"
+leg_end "$((${#kernel_sources[@]} + ${#host_sources[@]})) CUDA sources compiled, $checks"

@@ -1,7 +1,7 @@
 """paddle_ext.ops.flash_attention / flash_attn_unpadded on CPU against a numpy
 float64 reference: forward, log-sum-exp and the grads of q, k, v over random
-shapes (lengths 1 to 1000, causal with Sq != Sk, GQA / MQA, head_dim 32 / 64 /
-128, varlen batches with a length-1 sequence), float16 / bfloat16, the
+shapes (lengths 1 to 1000, causal with Sq != Sk in both alignments, GQA / MQA,
+head_dim 32 / 64 / 128, varlen batches with a length-1 sequence), float16 / bfloat16, the
 portable code path; dropout (keep rate, replay, mask shown by return_softmax,
 gradients with the seed fixed, generator offsets); argument errors; and the
 flash_attention patch unit.
@@ -35,10 +35,13 @@ def rng(salt: int) -> np.random.Generator:
 
 # ----------------------------------------------------------------- reference
 
-def reference(q, k, v, dout, scale, causal, keep=None, p_drop=0.0):
+def reference(q, k, v, dout, scale, causal, keep=None, p_drop=0.0, bottom_right=False, visible=None):
     """One sequence in float64: q [Lq, Hq, D], k / v [Lk, Hk, D], dout like q;
     keep [Hq, Lq, Lk] booleans of the dropout mask. Returns out, lse [Hq, Lq],
-    dq, dk, dv. A query that sees no key gives out 0, lse +inf and no grads."""
+    dq, dk, dv. Causal: query i sees keys j <= i (top-left, Paddle's), or
+    j <= i + Lk - Lq with bottom_right; `visible` ([Lq, Lk] or [Hq, Lq, Lk]
+    booleans) masks further. A query that sees no key gives out 0, lse +inf
+    and no grads."""
     q, k, v, dout = (np.asarray(a, np.float64) for a in (q, k, v, dout))
     lq, hq, _ = q.shape
     lk, hk, _ = k.shape
@@ -48,8 +51,10 @@ def reference(q, k, v, dout, scale, causal, keep=None, p_drop=0.0):
     qh, doh = q.transpose(1, 0, 2), dout.transpose(1, 0, 2)
     s = scale * qh @ kh.transpose(0, 2, 1)  # [Hq, Lq, Lk]
     if causal:
-        visible = np.arange(lk)[None, :] <= np.arange(lq)[:, None] + (lk - lq)
-        s = np.where(visible[None], s, -np.inf)
+        shift = lk - lq if bottom_right else 0
+        s = np.where((np.arange(lk)[None, :] <= np.arange(lq)[:, None] + shift)[None], s, -np.inf)
+    if visible is not None:
+        s = np.where(visible if visible.ndim == 3 else visible[None], s, -np.inf)
     m = s.max(axis=-1, keepdims=True) if lk else np.full((hq, lq, 1), -np.inf)
     m_safe = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(s - m_safe)
@@ -119,23 +124,26 @@ def run_padded(q, k, v, dout, causal, dtype="float32", **kw):
 
 # ------------------------------------------------------------ padded layout
 
-PADDED = [  # batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, causal
-    (2, 17, 17, 2, 2, 32, False),
-    (1, 1, 1, 2, 1, 64, False),
-    (1, 1, 1, 1, 1, 128, True),
-    (1, 127, 127, 4, 2, 64, True),
-    (2, 100, 37, 4, 1, 128, True),    # MQA, Sq > Sk: the first 63 queries see nothing
-    (1, 37, 100, 2, 2, 64, True),     # Sq < Sk: bottom-right aligned
-    (1, 64, 300, 3, 1, 32, False),
-    (1, 1000, 1000, 1, 1, 64, True),
-    (1, 1000, 17, 2, 2, 64, False),
-    (1, 20, 33, 2, 1, 256, True),
-    (1, 9, 0, 2, 2, 32, False),       # no keys: zeros, lse +inf
+PADDED = [  # batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, causal, causal_alignment
+    (2, 17, 17, 2, 2, 32, False, "top_left"),
+    (1, 1, 1, 2, 1, 64, False, "top_left"),
+    (1, 1, 1, 1, 1, 128, True, "top_left"),
+    (1, 127, 127, 4, 2, 64, True, "top_left"),
+    (2, 100, 37, 4, 1, 128, True, "top_left"),      # MQA, Sq > Sk: queries >= 37 see every key
+    (2, 100, 37, 4, 1, 128, True, "bottom_right"),  # the first 63 queries see nothing
+    (1, 37, 100, 2, 2, 64, True, "top_left"),       # Sq < Sk: keys >= 37 seen by none
+    (1, 37, 100, 2, 2, 64, True, "bottom_right"),
+    (1, 64, 300, 3, 1, 32, False, "top_left"),
+    (1, 1000, 1000, 1, 1, 64, True, "top_left"),
+    (1, 1000, 17, 2, 2, 64, False, "top_left"),
+    (1, 20, 33, 2, 1, 256, True, "top_left"),
+    (1, 20, 33, 2, 1, 256, True, "bottom_right"),
+    (1, 9, 0, 2, 2, 32, False, "top_left"),         # no keys: zeros, lse +inf
 ]
 
 
-@pytest.mark.parametrize("b,sq,sk,hq,hk,d,causal", PADDED)
-def test_padded_matches_float64_reference(b, sq, sk, hq, hk, d, causal):
+@pytest.mark.parametrize("b,sq,sk,hq,hk,d,causal,alignment", PADDED)
+def test_padded_matches_float64_reference(b, sq, sk, hq, hk, d, causal, alignment):
     from paddle_ext import compat
 
     if sk == 0 and compat.paddle_version() < (3, 0, 0):
@@ -143,9 +151,10 @@ def test_padded_matches_float64_reference(b, sq, sk, hq, hk, d, causal):
         # "not initialized"; the forward works, the backward cannot be expressed there.
         pytest.skip("Paddle 2.6 cannot return zero-size grads from a custom op")
     q, k, v, dout = padded_case(b, sq, sk, hq, hk, d, salt=hash((b, sq, sk, hq, hk, d, causal)) % 2**31)
-    out, lse, dq, dk, dv = run_padded(q, k, v, dout, causal)
+    out, lse, dq, dk, dv = run_padded(q, k, v, dout, causal, causal_alignment=alignment)
     scale = d ** -0.5
-    refs = [reference(q[i], k[i], v[i], dout[i], scale, causal) for i in range(b)]
+    bottom_right = alignment == "bottom_right"
+    refs = [reference(q[i], k[i], v[i], dout[i], scale, causal, bottom_right=bottom_right) for i in range(b)]
     ref = [np.stack([r[j] for r in refs]) for j in range(5)]
     # With a single key, dq and dk vanish (dS = P (dP - rowsum(dO * O)) cancels to float32
     # rounding) and a relative error means nothing: measure them then against the size of
@@ -212,10 +221,10 @@ def test_threads_do_not_change_the_forward_bits():
 def test_matches_paddles_own_cpu_flash_attention():
     import paddle.nn.functional.flash_attention as paddle_fa
 
-    q, k, v, _ = padded_case(2, 50, 50, 2, 2, 32, salt=14)
-    qt, kt, vt = tensors(q, k, v, grad=False)
     original = getattr(paddle_fa.flash_attention, "__wrapped__", paddle_fa.flash_attention)
-    for causal in (False, True):
+    for sq, sk, causal in ((50, 50, False), (50, 50, True), (50, 30, True), (30, 50, True)):
+        q, k, v, _ = padded_case(2, sq, sk, 2, 2, 32, salt=14)
+        qt, kt, vt = tensors(q, k, v, grad=False)
         try:
             ref, _ = original(qt, kt, vt, 0.0, causal, False)
         except NotImplementedError:  # 2.6.2: its causal CPU path needs a GPU-only fused softmax
@@ -257,11 +266,12 @@ def test_softmax_scale():
 
 # ---------------------------------------------------------- varlen layout
 
-VARLEN = [  # query lengths, key lengths, heads_q, heads_k, head_dim, causal
-    ([5, 1, 70], [9, 1, 50], 4, 2, 64, True),
-    ([5, 1, 70], [5, 1, 70], 2, 2, 32, True),
-    ([33, 1, 128, 7], [40, 3, 128, 1], 4, 1, 128, False),
-    ([1], [1], 1, 1, 64, False),
+VARLEN = [  # query lengths, key lengths, heads_q, heads_k, head_dim, causal, causal_alignment
+    ([5, 1, 70], [9, 1, 50], 4, 2, 64, True, "top_left"),
+    ([5, 1, 70], [9, 1, 50], 4, 2, 64, True, "bottom_right"),
+    ([5, 1, 70], [5, 1, 70], 2, 2, 32, True, "top_left"),
+    ([33, 1, 128, 7], [40, 3, 128, 1], 4, 1, 128, False, "top_left"),
+    ([1], [1], 1, 1, 64, False, "top_left"),
 ]
 
 
@@ -280,14 +290,15 @@ def run_varlen(lq, lk, hq, hk, d, causal, salt, **kw):
     return (q, k, v, dout, scale), (out, lse, dq, dk, dv)
 
 
-@pytest.mark.parametrize("lq,lk,hq,hk,d,causal", VARLEN)
-def test_varlen_matches_float64_reference(lq, lk, hq, hk, d, causal):
-    (q, k, v, dout, scale), (out, lse, dq, dk, dv) = run_varlen(lq, lk, hq, hk, d, causal, salt=len(lq) * 7 + d)
+@pytest.mark.parametrize("lq,lk,hq,hk,d,causal,alignment", VARLEN)
+def test_varlen_matches_float64_reference(lq, lk, hq, hk, d, causal, alignment):
+    (q, k, v, dout, scale), (out, lse, dq, dk, dv) = run_varlen(lq, lk, hq, hk, d, causal, salt=len(lq) * 7 + d,
+                                                                causal_alignment=alignment)
     cq, ck = np.concatenate([[0], np.cumsum(lq)]), np.concatenate([[0], np.cumsum(lk)])
     ref = [np.zeros_like(q), np.zeros((hq, sum(lq))), np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)]
     for b in range(len(lq)):
         sq, sk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
-        r = reference(q[sq], k[sk], v[sk], dout[sq], scale, causal)
+        r = reference(q[sq], k[sk], v[sk], dout[sq], scale, causal, bottom_right=alignment == "bottom_right")
         ref[0][sq], ref[1][:, sq], ref[2][sq], ref[3][sk], ref[4][sk] = r
     assert lse.shape == [hq, sum(lq)] or tuple(lse.shape) == (hq, sum(lq))
     floor = 0.1 * np.linalg.norm(dout)  # as in the padded test
@@ -426,8 +437,9 @@ def _qkv(shape_q=(1, 8, 4, 32), shape_k=(1, 8, 4, 32), dtype="float32", kdtype=N
     (lambda: flash_attention(*_qkv(shape_q=(8, 4, 32))), ValueError, "query must be 4-D"),
     (lambda: flash_attention(*_qkv(kdtype="float16")), TypeError, "key must have query's dtype float32"),
     (lambda: flash_attention(*_qkv(dtype="float64")), TypeError, "query must have dtype"),
-    (lambda: flash_attention(*_qkv((1, 8, 4, 12), (1, 8, 4, 12))), ValueError, "head_dim.*multiple of 8.*12"),
-    (lambda: flash_attention(*_qkv((1, 8, 4, 264), (1, 8, 4, 264))), ValueError, "head_dim.*264"),
+    (lambda: flash_attention(*_qkv((1, 8, 4, 0), (1, 8, 4, 0))), ValueError, "head_dim.*>= 1, got 0"),
+    (lambda: flash_attention(*_qkv(), causal_alignment="bottom"), ValueError,
+     "causal_alignment must be one of 'top_left', 'bottom_right', got 'bottom'"),
     (lambda: flash_attention(*_qkv(shape_k=(2, 8, 4, 32))), ValueError, "key's batch size 2"),
     (lambda: flash_attention(*_qkv(), dropout=1.0), ValueError, "dropout must be in"),
     (lambda: flash_attention(*_qkv(), causal=1), TypeError, "causal must be a bool"),

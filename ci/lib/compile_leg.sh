@@ -34,13 +34,19 @@ find_kernel_sources() {
   fi
 }
 
+# The CPU backend of the kernels (the sources tools/build_ops.py takes besides
+# the Paddle registrations) into the array cpu_sources.
+find_cpu_sources() {
+  mapfile -t cpu_sources < <(find csrc/ops/cpu csrc/ops/common -maxdepth 1 -type f -name '*.cc' | LC_ALL=C sort)
+}
+
 # The device probe (csrc/tools/device_probe.cc) checks the GPU kernels against
 # the CPU ones: compiles the CPU backend (the sources tools/build_ops.py takes
 # besides the Paddle registrations) with g++ and the flags given, and sets
 # probe_objs to everything the probe links: itself, the kernels, the CPU backend.
 compile_probe_objects() {
-  local cpu_sources src
-  mapfile -t cpu_sources < <(find csrc/ops/cpu csrc/ops/common -maxdepth 1 -type f -name '*.cc' | LC_ALL=C sort)
+  local src
+  find_cpu_sources
   for src in "${cpu_sources[@]}"; do
     echo "g++ (probe) $src"
     g++ "$@" -c "$src" -o "$(obj "$src")"

@@ -12,9 +12,11 @@
 // Semantics, for query head h, kv head h / (heads_q / heads_k) (grouped-query
 // and multi-query attention):
 //   s[i, j] = scale * q[i] . k[j]
-//   causal: key j is visible from query i iff j <= i + (Lk - Lq), i.e. the
-//     mask is aligned to the bottom-right corner as in flash-attention >= 2.1;
-//     a query that sees no key (Lq > Lk) gives out = 0 and lse = +inf.
+//   causal: key j is visible from query i iff j <= i + causal_shift(), where
+//     the shift is 0 for the top-left alignment (Paddle's FlashAttention-2
+//     fork and its CPU math path: query i sees keys j <= i) and Lk - Lq for
+//     the bottom-right one (flash-attention >= 2.1, PyTorch); a query that
+//     sees no key (bottom-right, Lq > Lk) gives out = 0 and lse = +inf.
 //   p = softmax_j(s) over visible keys, lse[i] = log(sum_j exp(s[i, j]))
 //   dropout p_drop > 0: out[i] = sum_j p[i, j] * z[i, j] * v[j] with
 //     z = keep / (1 - p_drop), keep drawn by keep_element() below.
@@ -26,7 +28,9 @@
 
 namespace paddle_ext::flash_attn {
 
-// Head dims the kernels take: multiples of 8 up to 256 (flash-attention 2's range).
+// Head dims: any on CPU (one not a multiple of kHeadDimMultiple, the vector
+// width, runs on zero-padded float32 copies); up to kMaxHeadDim on GPU
+// (flash-attention 2's range).
 constexpr int64_t kMaxHeadDim = 256;
 constexpr int64_t kHeadDimMultiple = 8;
 // The generator offset one call consumes per (sequence, query head), as in
@@ -50,6 +54,7 @@ struct Problem {
   int64_t total_k = 0;
   float scale = 1.f;
   bool causal = false;
+  bool causal_bottom_right = false;  // causal mask alignment: false = top-left (Paddle's)
   float dropout = 0.f;   // probability of dropping; 0 = no dropout
   uint64_t seed = 0;
   uint64_t offset = 0;
@@ -58,6 +63,12 @@ struct Problem {
   int64_t lse_head_stride = 0;
   int64_t lse_token_mult = 1;
 };
+
+// The causal diagonal's shift for a sequence of lq queries and lk keys: key j
+// is visible from query i iff j <= i + shift.
+PADDLE_EXT_HOST_DEVICE inline int64_t causal_shift(const Problem& p, int64_t lq, int64_t lk) {
+  return p.causal_bottom_right ? lk - lq : 0;
+}
 
 // ---- dropout: Philox4x32-10, counter-based -------------------------------
 // keep(b, h, i, j) for sequence b, query head h, query row i and key column j

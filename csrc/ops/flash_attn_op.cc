@@ -133,11 +133,12 @@ void check_qkv(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::T
   const int64_t hq = qs[rank - 2], hk = ks[rank - 2], d = qs[rank - 1];
   FA_CHECK(ks[rank - 1] == d, "key's head_dim ", ks[rank - 1], " must equal query's ", d);
   FA_CHECK(hk > 0 && hq % hk == 0, "key/value heads (", hk, ") must divide query heads (", hq, ")");
-  FA_CHECK(d > 0 && d <= fa::kMaxHeadDim && d % fa::kHeadDimMultiple == 0,
-           "head_dim must be a multiple of 8 in [8, 256], got ", d);
+  FA_CHECK(d > 0, "head_dim must be >= 1, got ", d);
+  FA_CHECK(q.is_cpu() || d <= fa::kMaxHeadDim, "head_dim must be in [1, ", fa::kMaxHeadDim, "] on GPU, got ", d);
 }
 
-fa::Problem padded_problem(const paddle::Tensor& q, const paddle::Tensor& k, float scale, bool causal) {
+fa::Problem padded_problem(const paddle::Tensor& q, const paddle::Tensor& k, float scale, bool causal,
+                           bool bottom_right) {
   check_qkv(q, k, k, 4);
   const Shape qs = q.shape(), ks = k.shape();
   FA_CHECK(ks[0] == qs[0], "key's batch ", ks[0], " must equal query's ", qs[0]);
@@ -153,6 +154,7 @@ fa::Problem padded_problem(const paddle::Tensor& q, const paddle::Tensor& k, flo
   p.total_k = p.batch * p.seqlen_k;
   p.scale = scale;
   p.causal = causal;
+  p.causal_bottom_right = bottom_right;
   p.lse_head_stride = p.seqlen_q;
   p.lse_token_mult = p.heads_q;
   return p;
@@ -183,7 +185,8 @@ struct Varlen {
 };
 
 Varlen varlen_problem(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& cu_q,
-                      const paddle::Tensor& cu_k, int64_t max_q, int64_t max_k, float scale, bool causal) {
+                      const paddle::Tensor& cu_k, int64_t max_q, int64_t max_k, float scale, bool causal,
+                      bool bottom_right) {
   check_qkv(q, k, k, 3);
   const Shape qs = q.shape(), ks = k.shape();
   Varlen r;
@@ -204,6 +207,7 @@ Varlen varlen_problem(const paddle::Tensor& q, const paddle::Tensor& k, const pa
   p.total_k = ks[0];
   p.scale = scale;
   p.causal = causal;
+  p.causal_bottom_right = bottom_right;
   p.lse_head_stride = p.total_q;
   p.lse_token_mult = 1;
   if (q.is_cpu()) {
@@ -288,9 +292,9 @@ std::vector<paddle::Tensor> run_backward(const fa::Problem& p0, const paddle::Te
 std::vector<paddle::Tensor> FlashAttnForward(const paddle::Tensor& q, const paddle::Tensor& k,
                                              const paddle::Tensor& v, const OptTensor& fixed_seed_offset,
                                              float scale, float dropout, bool causal, bool return_softmax,
-                                             bool is_test, const std::string& rng_name) {
+                                             bool is_test, const std::string& rng_name, bool causal_bottom_right) {
   check_qkv(q, k, v, 4);
-  const fa::Problem p = padded_problem(q, k, scale, causal);
+  const fa::Problem p = padded_problem(q, k, scale, causal, causal_bottom_right);
   return run_forward(p, q, k, v, fixed_seed_offset, dropout, return_softmax, is_test, rng_name,
                      {p.batch, p.heads_q, p.seqlen_q});
 }
@@ -300,16 +304,16 @@ std::vector<paddle::Tensor> FlashAttnBackward(const paddle::Tensor& q, const pad
                                               const paddle::Tensor& lse, const paddle::Tensor& so,
                                               const paddle::Tensor& out_grad, float scale, float dropout,
                                               bool causal, bool return_softmax, bool is_test,
-                                              const std::string& rng_name) {
+                                              const std::string& rng_name, bool causal_bottom_right) {
   (void)return_softmax;
   (void)rng_name;
-  const fa::Problem p = padded_problem(q, k, scale, causal);
+  const fa::Problem p = padded_problem(q, k, scale, causal, causal_bottom_right);
   return run_backward(p, q, k, v, out, lse, so, out_grad, dropout, is_test);
 }
 
 std::vector<Shape> FlashAttnInferShape(const Shape& q, const Shape& k, const Shape& v, const OptShape& so,
                                        float scale, float dropout, bool causal, bool return_softmax, bool is_test,
-                                       const std::string& rng_name) {
+                                       const std::string& rng_name, bool causal_bottom_right) {
   const Shape sm = return_softmax ? Shape{q[0], q[2], q[1], k[1]} : Shape{1};
   return {q, sm, {q[0], q[2], q[1]}, {2}};
 }
@@ -331,9 +335,9 @@ std::vector<paddle::Tensor> FlashAttnVarlenForward(const paddle::Tensor& q, cons
                                                    const paddle::Tensor& cu_k, const OptTensor& fixed_seed_offset,
                                                    int64_t max_seqlen_q, int64_t max_seqlen_k, float scale,
                                                    float dropout, bool causal, bool return_softmax, bool is_test,
-                                                   const std::string& rng_name) {
+                                                   const std::string& rng_name, bool causal_bottom_right) {
   check_qkv(q, k, v, 3);
-  const Varlen r = varlen_problem(q, k, cu_q, cu_k, max_seqlen_q, max_seqlen_k, scale, causal);
+  const Varlen r = varlen_problem(q, k, cu_q, cu_k, max_seqlen_q, max_seqlen_k, scale, causal, causal_bottom_right);
   return run_forward(r.p, q, k, v, fixed_seed_offset, dropout, return_softmax, is_test, rng_name,
                      {r.p.heads_q, r.p.total_q});
 }
@@ -344,17 +348,19 @@ std::vector<paddle::Tensor> FlashAttnVarlenBackward(const paddle::Tensor& q, con
                                                     const paddle::Tensor& lse, const paddle::Tensor& so,
                                                     const paddle::Tensor& out_grad, int64_t max_seqlen_q,
                                                     int64_t max_seqlen_k, float scale, float dropout, bool causal,
-                                                    bool return_softmax, bool is_test, const std::string& rng_name) {
+                                                    bool return_softmax, bool is_test, const std::string& rng_name,
+                                                    bool causal_bottom_right) {
   (void)return_softmax;
   (void)rng_name;
-  const Varlen r = varlen_problem(q, k, cu_q, cu_k, max_seqlen_q, max_seqlen_k, scale, causal);
+  const Varlen r = varlen_problem(q, k, cu_q, cu_k, max_seqlen_q, max_seqlen_k, scale, causal, causal_bottom_right);
   return run_backward(r.p, q, k, v, out, lse, so, out_grad, dropout, is_test);
 }
 
 std::vector<Shape> FlashAttnVarlenInferShape(const Shape& q, const Shape& k, const Shape& v, const Shape& cu_q,
                                              const Shape& cu_k, const OptShape& so, int64_t max_seqlen_q,
                                              int64_t max_seqlen_k, float scale, float dropout, bool causal,
-                                             bool return_softmax, bool is_test, const std::string& rng_name) {
+                                             bool return_softmax, bool is_test, const std::string& rng_name,
+                                             bool causal_bottom_right) {
   const Shape sm = return_softmax ? Shape{cu_q[0] - 1, q[1], max_seqlen_q, max_seqlen_k} : Shape{1};
   return {q, sm, {q[1], q[0]}, {2}};
 }
@@ -377,7 +383,7 @@ PD_BUILD_OP(pe_flash_attn)
     .Inputs({"Q", "K", "V", paddle::Optional("FixedSeedOffset")})
     .Outputs({"Out", "Softmax", "SoftmaxLse", "SeedOffset"})
     .Attrs({"scale: float", "dropout: float", "causal: bool", "return_softmax: bool", "is_test: bool",
-            "rng_name: std::string"})
+            "rng_name: std::string", "causal_bottom_right: bool"})
     .SetKernelFn(PD_KERNEL(FlashAttnForward))
     .SetInferShapeFn(PD_INFER_SHAPE(FlashAttnInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(FlashAttnInferDtype));
@@ -386,7 +392,7 @@ PD_BUILD_GRAD_OP(pe_flash_attn)
     .Inputs({"Q", "K", "V", "Out", "SoftmaxLse", "SeedOffset", paddle::Grad("Out")})
     .Outputs({paddle::Grad("Q"), paddle::Grad("K"), paddle::Grad("V")})
     .Attrs({"scale: float", "dropout: float", "causal: bool", "return_softmax: bool", "is_test: bool",
-            "rng_name: std::string"})
+            "rng_name: std::string", "causal_bottom_right: bool"})
     .SetKernelFn(PD_KERNEL(FlashAttnBackward))
     .SetInferShapeFn(PD_INFER_SHAPE(FlashAttnGradInferShape));
 
@@ -394,7 +400,7 @@ PD_BUILD_OP(pe_flash_attn_varlen)
     .Inputs({"Q", "K", "V", "CuSeqlensQ", "CuSeqlensK", paddle::Optional("FixedSeedOffset")})
     .Outputs({"Out", "Softmax", "SoftmaxLse", "SeedOffset"})
     .Attrs({"max_seqlen_q: int64_t", "max_seqlen_k: int64_t", "scale: float", "dropout: float", "causal: bool",
-            "return_softmax: bool", "is_test: bool", "rng_name: std::string"})
+            "return_softmax: bool", "is_test: bool", "rng_name: std::string", "causal_bottom_right: bool"})
     .SetKernelFn(PD_KERNEL(FlashAttnVarlenForward))
     .SetInferShapeFn(PD_INFER_SHAPE(FlashAttnVarlenInferShape))
     .SetInferDtypeFn(PD_INFER_DTYPE(FlashAttnVarlenInferDtype));
@@ -403,6 +409,6 @@ PD_BUILD_GRAD_OP(pe_flash_attn_varlen)
     .Inputs({"Q", "K", "V", "CuSeqlensQ", "CuSeqlensK", "Out", "SoftmaxLse", "SeedOffset", paddle::Grad("Out")})
     .Outputs({paddle::Grad("Q"), paddle::Grad("K"), paddle::Grad("V")})
     .Attrs({"max_seqlen_q: int64_t", "max_seqlen_k: int64_t", "scale: float", "dropout: float", "causal: bool",
-            "return_softmax: bool", "is_test: bool", "rng_name: std::string"})
+            "return_softmax: bool", "is_test: bool", "rng_name: std::string", "causal_bottom_right: bool"})
     .SetKernelFn(PD_KERNEL(FlashAttnVarlenBackward))
     .SetInferShapeFn(PD_INFER_SHAPE(FlashAttnVarlenGradInferShape));

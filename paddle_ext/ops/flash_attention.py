@@ -7,9 +7,13 @@ int32 cumulative sequence lengths), plus what Paddle's FlashAttention-2 lacks:
 - grouped-query and multi-query attention: key / value may have fewer heads
   than query, as long as they divide query's heads (query head h reads kv head
   h // (heads_q // heads_k));
-- seqlen_q != seqlen_k with causal=True aligned to the bottom-right corner, as
-  flash-attention >= 2.1 does: query i sees keys j <= i + seqlen_k - seqlen_q
-  (a query that sees no key gives zeros);
+- a choice of causal alignment when seqlen_q != seqlen_k: causal_alignment=
+  "top_left" (the default, Paddle's: its FlashAttention-2 fork and its CPU
+  math path; query i sees keys j <= i) or "bottom_right" (flash-attention >=
+  2.1, PyTorch: query i sees keys j <= i + seqlen_k - seqlen_q; a query that
+  sees no key gives zeros). Through Paddle's names it is always top-left;
+- any head_dim on CPU (a multiple of 8 runs the kernel directly, any other on
+  zero-padded copies); up to 256 on GPU;
 - the per-row log-sum-exp (`return_softmax_lse=True`) and the dropout seed and
   offset the call used (`return_seed_offset=True`), which replays the same
   mask when passed back as fixed_seed_offset.
@@ -67,8 +71,8 @@ from paddle_ext.ops._checks import (
 )
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
-MAX_HEAD_DIM = 256
-HEAD_DIM_MULTIPLE = 8
+MAX_GPU_HEAD_DIM = 256
+CAUSAL_ALIGNMENTS = ("top_left", "bottom_right")
 _KERNEL_MESSAGE = re.compile(r"paddle_ext\.flash_attention: ([^\n\[]*)")
 
 
@@ -121,13 +125,30 @@ def _check_qkv(query, key, value, rank: int) -> None:
     head_dim = qs[-1]
     if ks[-1] != head_dim:
         raise InvalidArgumentError(f"key's head_dim {ks[-1]} must equal query's head_dim {head_dim}")
-    if not (0 < head_dim <= MAX_HEAD_DIM and head_dim % HEAD_DIM_MULTIPLE == 0):
-        raise InvalidArgumentError(f"head_dim (the last dim of query) must be a multiple of {HEAD_DIM_MULTIPLE} in "
-                                   f"[{HEAD_DIM_MULTIPLE}, {MAX_HEAD_DIM}], got {head_dim}")
+    if head_dim < 1:
+        raise InvalidArgumentError(f"head_dim (the last dim of query) must be >= 1, got {head_dim}")
+    if head_dim > MAX_GPU_HEAD_DIM and _on_gpu(query):
+        raise InvalidArgumentError(f"head_dim (the last dim of query) must be in [1, {MAX_GPU_HEAD_DIM}] on GPU, "
+                                   f"got {head_dim}")
     heads_q, heads_k = qs[-2], ks[-2]
     if heads_k < 1 or heads_q % heads_k != 0:
         raise InvalidArgumentError(f"key and value have {heads_k} heads, which must divide query's {heads_q} heads "
                                    "(grouped-query attention)")
+
+
+def _on_gpu(t) -> bool:
+    """Whether a tensor is on a GPU; a static program's variable is not known to be
+    (the plugin's ops serve static programs on CPU builds only)."""
+    from paddle_ext import compat
+
+    return compat.in_dynamic_mode() and "cpu" not in str(t.place).lower()
+
+
+def _bottom_right(causal_alignment) -> bool:
+    if causal_alignment not in CAUSAL_ALIGNMENTS:
+        raise InvalidArgumentError(f"causal_alignment must be one of {', '.join(map(repr, CAUSAL_ALIGNMENTS))}, "
+                                   f"got {causal_alignment!r}")
+    return causal_alignment == "bottom_right"
 
 
 def _check_seed(fixed_seed_offset, rng_name) -> None:
@@ -201,6 +222,8 @@ def _native_gpu(query, key, alignment_unclear, scale_supported, extras_wanted):
         return None
     if dtype_name(query) not in ("float16", "bfloat16") or extras_wanted or not scale_supported:
         return None
+    if int(query.shape[-1]) % 8 != 0:  # head_dims Paddle's kernel may not take
+        return None
     if int(key.shape[-2]) != int(query.shape[-2]) or alignment_unclear:
         return None
     return _paddle_native()
@@ -210,16 +233,17 @@ def _native_gpu(query, key, alignment_unclear, scale_supported, extras_wanted):
 
 def flash_attention(query, key, value, dropout=0.0, causal=False, return_softmax=False, *,
                     fixed_seed_offset=None, rng_name="", training=True, name=None, softmax_scale=None,
-                    return_softmax_lse=False, return_seed_offset=False):
+                    return_softmax_lse=False, return_seed_offset=False, causal_alignment="top_left"):
     """softmax(query key^T * scale) value over [batch, seqlen, num_heads, head_dim].
 
     Args:
         query: [batch, seqlen_q, num_heads, head_dim], float32, float16 or bfloat16;
-            head_dim a multiple of 8 up to 256.
+            any head_dim on CPU, up to 256 on GPU.
         key, value: [batch, seqlen_k, num_heads_k, head_dim], query's dtype;
             num_heads_k divides num_heads (grouped-query / multi-query attention).
         dropout: probability of dropping an attention weight (when training).
-        causal: query i attends to keys j <= i + seqlen_k - seqlen_q.
+        causal: query i attends to keys j <= i (causal_alignment="top_left") or
+            j <= i + seqlen_k - seqlen_q ("bottom_right").
         return_softmax: also return the probabilities, dropped entries negated.
         fixed_seed_offset: int64 tensor [seed, offset] for the dropout mask;
             None draws from the generator (see the module docs).
@@ -229,6 +253,8 @@ def flash_attention(query, key, value, dropout=0.0, causal=False, return_softmax
         softmax_scale: the scale; None = 1 / sqrt(head_dim).
         return_softmax_lse: also return the log-sum-exp, float32 [batch, num_heads, seqlen_q].
         return_seed_offset: also return the int64 [seed, offset] the call used.
+        causal_alignment: "top_left" (Paddle's) or "bottom_right" (flash-attention
+            >= 2.1); matters only when causal and seqlen_q != seqlen_k.
 
     Returns:
         (out, softmax or None), then softmax_lse and seed_offset when asked for;
@@ -242,6 +268,7 @@ def flash_attention(query, key, value, dropout=0.0, causal=False, return_softmax
     _require_bool("return_softmax_lse", return_softmax_lse)
     _require_bool("return_seed_offset", return_seed_offset)
     _check_seed(fixed_seed_offset, rng_name)
+    bottom_right = _bottom_right(causal_alignment)
     head_dim = int(query.shape[-1])
     scale = head_dim ** -0.5 if softmax_scale is None else _require_scale("softmax_scale", softmax_scale)
     native = _native_gpu(query, key, causal and int(query.shape[1]) != int(key.shape[1]), softmax_scale is None,
@@ -253,13 +280,14 @@ def flash_attention(query, key, value, dropout=0.0, causal=False, return_softmax
     query, key, value = (_contiguous(t) for t in (query, key, value))
     out, softmax, lse, seed_offset = _run(
         "pe_flash_attn", query, key, value, fixed_seed_offset, scale, dropout, causal, return_softmax,
-        not training, rng_name)
+        not training, rng_name, bottom_right)
     return _results(out, softmax, lse, seed_offset, return_softmax, return_softmax_lse, return_seed_offset)
 
 
 def flash_attn_unpadded(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                         dropout=0.0, causal=False, return_softmax=False, fixed_seed_offset=None, rng_name="",
-                        training=True, name=None, *, return_softmax_lse=False, return_seed_offset=False):
+                        training=True, name=None, *, return_softmax_lse=False, return_seed_offset=False,
+                        causal_alignment="top_left"):
     """Attention over variable-length sequences packed as [total_tokens, num_heads, head_dim].
 
     Sequence b is query tokens [cu_seqlens_q[b], cu_seqlens_q[b + 1]) and key /
@@ -274,8 +302,9 @@ def flash_attn_unpadded(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqle
             softmax's padded size).
         scale: the scale of query key^T.
         dropout, causal, return_softmax, fixed_seed_offset, rng_name, training,
-        name, return_softmax_lse, return_seed_offset: as in flash_attention;
-        softmax_lse is float32 [num_heads, total_q].
+        name, return_softmax_lse, return_seed_offset, causal_alignment: as in
+        flash_attention (alignment per sequence); softmax_lse is float32
+        [num_heads, total_q].
 
     Returns:
         (out, softmax or None), then softmax_lse and seed_offset when asked for.
@@ -304,6 +333,7 @@ def flash_attn_unpadded(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqle
     _require_bool("return_softmax_lse", return_softmax_lse)
     _require_bool("return_seed_offset", return_seed_offset)
     _check_seed(fixed_seed_offset, rng_name)
+    bottom_right = _bottom_right(causal_alignment)
     native = _native_gpu(query, key, causal and cu_seqlens_q is not cu_seqlens_k, True,
                          return_softmax_lse or return_seed_offset)
     if native is not None:
@@ -312,5 +342,5 @@ def flash_attn_unpadded(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqle
     query, key, value = (_contiguous(t) for t in (query, key, value))
     out, softmax, lse, seed_offset = _run(
         "pe_flash_attn_varlen", query, key, value, cu_seqlens_q, cu_seqlens_k, fixed_seed_offset,
-        max_seqlen_q, max_seqlen_k, scale, dropout, causal, return_softmax, not training, rng_name)
+        max_seqlen_q, max_seqlen_k, scale, dropout, causal, return_softmax, not training, rng_name, bottom_right)
     return _results(out, softmax, lse, seed_offset, return_softmax, return_softmax_lse, return_seed_offset)

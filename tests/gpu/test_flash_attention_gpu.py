@@ -6,8 +6,9 @@ same API for float16 / bfloat16.
 
 The whole module is skipped unless Paddle is a CUDA or ROCm build that sees a
 device; it is collected without error on a CPU-only Paddle or without Paddle.
-tests/gpu/flash_attn_gpu_check.sh builds and runs a Paddle-free check of the same kernels
-(GPU against CPU, with timings), then this module when a GPU build of Paddle is there.
+tests/gpu/device_check.sh builds and runs a Paddle-free check of the same kernels
+(GPU against CPU and against float64, timings against PyTorch), then this module when a GPU
+build of Paddle is there (docs/gpu_check.md).
 """
 
 from __future__ import annotations

@@ -7,12 +7,15 @@ from paddle_ext.pipeline.schedule import (
     B,
     F,
     GradSync,
+    I,
     RecvAct,
     RecvGrad,
     Schedule,
     ScheduleError,
     SendAct,
     SendGrad,
+    W,
+    computes,
     locate,
     parse_action,
     stage_of,
@@ -22,6 +25,8 @@ from paddle_ext.pipeline.schedule import (
 @pytest.mark.parametrize("action, text", [
     (F(1, 3), "F1.3"),
     (B(0, 12), "B0.12"),
+    (I(0, 12), "I0.12"),
+    (W(3, 0), "W3.0"),
     (FB(F(0, 3), B(1, 1)), "F0.3&B1.1"),
     (SendAct(0, 3, 1), "SA0.3>1"),
     (RecvAct(2, 3, 3), "RA2.3<3"),
@@ -42,7 +47,8 @@ def test_send_and_recv_are_different_actions():
 
 
 @pytest.mark.parametrize("bad", ["", "F1", "F1.", "X1.2", "SA0.3<1", "RA0.3>1", "F0.1&F0.2",
-                                 "B0.1&F0.2", "F-1.2", "GS", "F1.2 B1.2"])
+                                 "B0.1&F0.2", "F-1.2", "GS", "F1.2 B1.2", "I1",
+                                 "W0.1>1", "F0.1&I0.2", "X0.1"])
 def test_parse_rejects_bad_tokens(bad):
     with pytest.raises(ScheduleError, match="cannot parse action"):
         parse_action(bad)
@@ -57,14 +63,16 @@ def test_layout_is_interleaved():
 
 def test_schedule_text_round_trip_with_every_action_kind():
     s = Schedule(2, 2, 4, [
-        [F(0, 0), SendAct(0, 0, 1), FB(F(1, 1), B(0, 2)), GradSync(0)],
+        [F(0, 0), SendAct(0, 0, 1), FB(F(1, 1), B(0, 2)), I(0, 1), W(0, 1), GradSync(0)],
         [RecvAct(0, 0, 0), RecvGrad(1, 3, 0), SendGrad(1, 2, 0)],
     ], kind="hand-made")
     text = s.to_text()
     assert text.splitlines()[0] == "schedule pp=2 vpp=2 microbatches=4 kind=hand-made"
     assert Schedule.from_text(text) == s
     assert s.lowered and not s.compute_only().lowered
-    assert s.compute_only().ranks == ((F(0, 0), FB(F(1, 1), B(0, 2))), ())
+    assert s.compute_only().ranks == ((F(0, 0), FB(F(1, 1), B(0, 2)), I(0, 1), W(0, 1)), ())
+    assert computes(I(0, 1)) == (I(0, 1),) and computes(W(0, 1)) == (W(0, 1),)
+    assert I(0, 1) != W(0, 1) != B(0, 1)
 
 
 def test_from_text_ignores_comments_and_blank_lines():

@@ -11,6 +11,9 @@ reference measured in the same run.
                                                     # timing-free vs timing events (NCCL with >= 2 GPUs,
                                                     # else a device-to-device copy stream)
     python tests/runtime/gpu_check.py all
+    python tests/runtime/gpu_check.py stream-reuse  # without Paddle: the pool's cuda backend and the timing-free
+                                                    # DeviceEvent on raw cudart streams (tests/gpu/device_check.sh;
+                                                    # --native-dir DIR takes the _C module built there)
 
 Needs paddle_ext built with its cuda backend (a CUDA toolkit at build time).
 The copies go through cudaMemcpyAsync from libcudart (ctypes) so that they
@@ -27,7 +30,9 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
+from typing import Any
 
 import numpy as np
 
@@ -35,23 +40,36 @@ H2D, D2D = 1, 3  # cudaMemcpyHostToDevice, cudaMemcpyDeviceToDevice
 
 
 def cudart() -> ctypes.CDLL:
-    import paddle
-
-    roots = [os.path.dirname(paddle.__file__), *sys.path]
+    """libcudart: next to Paddle or PyTorch when importable, in a site-packages
+    nvidia/cuda_runtime wheel, in the CUDA toolkit, or on the loader path."""
+    roots = list(sys.path)
+    for framework in ("paddle", "torch"):
+        try:
+            module = __import__(framework)
+        except ImportError:
+            continue
+        roots.insert(0, os.path.dirname(module.__file__))
     candidates = [p for r in roots for p in glob.glob(os.path.join(r, "**", "libcudart.so*"), recursive=False)]
-    candidates += glob.glob(os.path.join(sys.prefix, "lib", "python*", "site-packages", "nvidia", "cuda_runtime",
+    candidates += glob.glob(os.path.join(sys.prefix, "lib", "python*", "site-packages", "nvidia", "cu*",
                                          "lib", "libcudart.so*"))
+    candidates += glob.glob(os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "lib64", "libcudart.so*"))
     found = ctypes.util.find_library("cudart")
     for path in candidates + ([found] if found else []):
         try:
             lib = ctypes.CDLL(path)
         except OSError:
             continue
-        lib.cudaMemcpyAsync.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int,
-                                        ctypes.c_void_p]
-        lib.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+        p = ctypes.c_void_p
+        lib.cudaMemcpyAsync.argtypes = [p, p, ctypes.c_size_t, ctypes.c_int, p]
+        lib.cudaMemcpy.argtypes = [p, p, ctypes.c_size_t, ctypes.c_int]
+        lib.cudaStreamSynchronize.argtypes = [p]
+        lib.cudaStreamCreateWithFlags.argtypes = [ctypes.POINTER(p), ctypes.c_uint]
+        lib.cudaStreamDestroy.argtypes = [p]
+        lib.cudaMalloc.argtypes = [ctypes.POINTER(p), ctypes.c_size_t]
+        lib.cudaFree.argtypes = [p]
+        lib.cudaLaunchHostFunc.argtypes = [p, p, p]
         return lib
-    raise SystemExit("libcudart not found next to Paddle or on the loader path")
+    raise SystemExit("libcudart not found next to Paddle or PyTorch, in the CUDA toolkit or on the loader path")
 
 
 def check(code: int, what: str) -> None:
@@ -258,10 +276,147 @@ def overlap() -> dict:
     return results
 
 
+D2H = 2  # cudaMemcpyDeviceToHost
+HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+class StreamGate:
+    """Holds a raw cudart stream at a host function until open(): the work queued
+    behind it is certainly still pending while the test frees and reuses memory."""
+
+    def __init__(self, rt: ctypes.CDLL, stream: int) -> None:
+        self._open = threading.Event()
+        self._fn = HOST_FN(lambda _: self._open.wait(30.0))  # kept alive until the stream ran it
+        check(rt.cudaLaunchHostFunc(stream, ctypes.cast(self._fn, ctypes.c_void_p), None), "cudaLaunchHostFunc")
+
+    def open(self) -> None:
+        self._open.set()
+
+
+def _native_runtime(native_dir: str | None) -> object:
+    """paddle_ext.runtime, with paddle_ext._C taken from native_dir when given
+    (the module device_check.sh builds with CMake for the Python at hand)."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if root not in sys.path:  # the source tree's package, where it is not installed (the GPU machine)
+        sys.path.insert(0, root)
+    import paddle_ext
+
+    if native_dir:
+        paddle_ext.__path__.insert(0, os.path.abspath(native_dir))
+    from paddle_ext import runtime
+
+    return runtime
+
+
+def stream_reuse(native_dir: str | None = None, nbytes: int = 64 << 20, backend: str = "cuda",
+                 rt: Any = None) -> dict:
+    """Without Paddle: a pinned block that an H2D copy on a raw stream still reads
+    is freed and asked for again while the stream is held at a gate. With
+    record_event the pool hands out another block and the copy delivers its bytes;
+    without it (reference) the same block comes back and the copy delivers the
+    overwrite. The timing-free DeviceEvent on that stream: not complete while the
+    gate holds it, complete after; another stream's wait() on it orders a copy
+    after it on the device; elapsed_time needs timing events. Exit 77 without a
+    usable cuda backend.
+
+    backend / rt: the pool backend and the cudart stand-in; tests run the same
+    logic on "posix" (whose events are the cpu backend's) with a fake runtime
+    whose streams are CpuStreams (tests/runtime/test_gpu_check_logic.py)."""
+    runtime = _native_runtime(native_dir)
+    device = "cuda" if backend == "cuda" else "cpu"
+    if backend == "cuda":
+        info = runtime.backends().get("cuda")
+        if info is None or not info["usable"]:
+            print(f"stream-reuse: skipped: the cuda backend is {'not built' if info is None else info['reason']}")
+            raise SystemExit(77)
+    rt = rt if rt is not None else cudart()
+    streams = [ctypes.c_void_p(), ctypes.c_void_p()]
+    for st in streams:
+        check(rt.cudaStreamCreateWithFlags(ctypes.byref(st), 1), "cudaStreamCreateWithFlags")  # non-blocking
+    stream, other = (int(st.value) for st in streams)
+    dst = ctypes.c_void_p()
+    check(rt.cudaMalloc(ctypes.byref(dst), nbytes), "cudaMalloc")
+    pool = runtime.PinnedPool(backend, max_cached_bytes=None)
+    # Pinned, so that the read-back below is queued, not done at once (a pageable
+    # one would block the host behind the gate), and from another pool.
+    host = runtime.PinnedPool(backend).empty(nbytes, np.uint8)
+    # Two blocks' chunks made now and cached, so that no cudaHostAlloc (which
+    # may wait for the device) runs while a stream is held at the gate.
+    warm = [pool.empty(nbytes, np.uint8) for _ in range(2)]
+    del warm
+    results: dict = {}
+    failures = []
+    for gated in (True, False):
+        gate = StreamGate(rt, stream)
+        src = pool.empty(nbytes, np.uint8)
+        src[:] = 7
+        ptr = src.ctypes.data
+        check(rt.cudaMemcpyAsync(dst.value, ptr, nbytes, H2D, stream), "cudaMemcpyAsync")
+        if gated and not pool.record_event(src, stream):
+            failures.append("record_event returned False for a pool block")
+        done = runtime.Event(device)  # timing-free
+        done.record(stream)
+        pending = not done.query()
+        del src  # freed while the copy waits behind the gate
+        again = pool.empty(nbytes, np.uint8)
+        reused = again.ctypes.data == ptr
+        again[:] = 9
+        host[:] = 0
+        done.wait(other)  # the read-back on `other` waits for the copy, on the device
+        check(rt.cudaMemcpyAsync(host.ctypes.data, dst.value, nbytes, D2H, other), "cudaMemcpyAsync D2H")
+        gate.open()
+        done.synchronize()
+        check(rt.cudaStreamSynchronize(other), "cudaStreamSynchronize")
+        values = np.unique(host[:: 1 << 12])
+        results["gated" if gated else "ungated"] = {"pending_before_gate": pending, "complete_after": done.query(),
+                                                    "reused": reused, "copied": values.tolist()}
+        del again
+        if not pending:
+            failures.append(f"{'gated' if gated else 'ungated'}: the event completed while the stream was held")
+    g, u = results["gated"], results["ungated"]
+    if g["reused"] or g["copied"] != [7]:
+        failures.append(f"with record_event: reused {g['reused']}, copy delivered {g['copied']} (want not reused, [7])")
+    if u["reused"] and u["copied"] != [9]:
+        failures.append(f"reference: the block was reused but the copy delivered {u['copied']}: the gate did not hold it")
+    timing_free = runtime.Event(device)
+    timing_free.record(stream)
+    try:  # refused by DeviceEvent before any runtime call (ValueError), not by CUDA
+        timing_free.elapsed_time(timing_free)
+        failures.append("elapsed_time on timing-free events did not raise")
+    except ValueError as err:
+        results["timing_free_elapsed"] = str(err).splitlines()[0][:80]
+    start, end = runtime.Event(device, enable_timing=True), runtime.Event(device, enable_timing=True)
+    start.record(stream)
+    check(rt.cudaMemcpyAsync(dst.value, host.ctypes.data, nbytes, H2D, stream), "cudaMemcpyAsync")
+    end.record(stream)
+    end.synchronize()
+    results["timing_ms"] = start.elapsed_time(end)
+    if not results["timing_ms"] > 0:
+        failures.append(f"timing events measured {results['timing_ms']} ms")
+    stats = pool.stats()
+    check(rt.cudaFree(dst.value), "cudaFree")
+    for st in (stream, other):
+        check(rt.cudaStreamDestroy(st), "cudaStreamDestroy")
+    print(f"stream-reuse: {nbytes >> 20} MiB H2D copy held at a gate: with record_event reused {g['reused']}, copy "
+          f"delivered {g['copied']}; without (reference) reused {u['reused']}, delivered {u['copied']}; timing-free "
+          f"event pending {g['pending_before_gate']} while held, complete {g['complete_after']} after, wait() "
+          f"ordered the read-back; elapsed_time on it raises ({results.get('timing_free_elapsed')}); timing events "
+          f"{results['timing_ms']:.3f} ms; pool events recorded {stats.events_recorded}, completed "
+          f"{stats.events_completed}")
+    if failures:
+        print("stream-reuse: FAILED: " + "; ".join(failures))
+        raise SystemExit(1)
+    return results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("check", choices=["bandwidth", "gated-reuse", "staging", "overlap", "all"])
+    parser.add_argument("check", choices=["bandwidth", "gated-reuse", "staging", "overlap", "stream-reuse", "all"])
+    parser.add_argument("--native-dir", help="stream-reuse: a folder holding the paddle_ext._C module to use")
     args = parser.parse_args()
+    if args.check == "stream-reuse":
+        stream_reuse(args.native_dir)
+        return
     checks = {"bandwidth": bandwidth, "gated-reuse": gated_reuse, "staging": staging, "overlap": overlap}
     for name in checks if args.check == "all" else [args.check]:
         checks[name]()

@@ -298,7 +298,7 @@ std::vector<QueryTask> query_tasks(const Problem& p) {
       for (int64_t i0 = 0; i0 < s.lq; i0 += kBlockQ) {
         const int64_t rows = std::min<int64_t>(kBlockQ, s.lq - i0);
         const int64_t keys =
-            p.causal ? std::min<int64_t>(s.lk, std::max<int64_t>(0, i0 + rows + s.lk - s.lq)) : s.lk;
+            p.causal ? std::min<int64_t>(s.lk, std::max<int64_t>(0, i0 + rows + causal_shift(p, s.lq, s.lk))) : s.lk;
         tasks.push_back({b, h, i0, rows * std::max<int64_t>(keys, 1)});
       }
       std::stable_sort(tasks.begin() + first, tasks.end(),
@@ -530,7 +530,9 @@ void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk, int64_
 
 const char* cpu_isa() { return use_avx2() ? "avx2" : "generic"; }
 
-void forward_cpu(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse) {
+namespace {
+
+void forward_aligned(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse) {
   Ctx ctx;
   init_ctx(&ctx, p);
   std::vector<float> q32, k32, v32;
@@ -551,7 +553,7 @@ void forward_cpu(const Problem& p, const void* q, const void* k, const void* v, 
   });
 }
 
-void softmax_cpu(const Problem& p, const void* q, const void* k, const float* lse, void* softmax) {
+void softmax_aligned(const Problem& p, const void* q, const void* k, const float* lse, void* softmax) {
   Ctx ctx;
   init_ctx(&ctx, p);
   std::vector<float> q32, k32;
@@ -573,8 +575,8 @@ void softmax_cpu(const Problem& p, const void* q, const void* k, const float* ls
   });
 }
 
-void backward_cpu(const Problem& p, const void* q, const void* k, const void* v, const void* out,
-                  const void* dout, const float* lse, void* dq, void* dk, void* dv) {
+void backward_aligned(const Problem& p, const void* q, const void* k, const void* v, const void* out,
+                      const void* dout, const float* lse, void* dq, void* dk, void* dv) {
   Ctx ctx;
   init_ctx(&ctx, p);
   const int64_t D = p.head_dim, k_rs = p.heads_k * D;
@@ -655,6 +657,87 @@ void backward_cpu(const Problem& p, const void* q, const void* k, const void* v,
       }
     });
   }
+}
+
+// ---- head_dim not a multiple of the vector width --------------------------
+// The kernels' products run on whole vectors of kHeadDimMultiple columns. Any
+// other head_dim runs on float32 copies zero-padded to the next multiple:
+// zero columns of q and k change no score, zero columns of v and dout give
+// zero columns of out and of the gradients, which are dropped on the way
+// back. The copies are linear in the sequence length; head_dims that are
+// multiples of 8 take the kernels directly, as before.
+
+bool needs_padding(const Problem& p) { return p.head_dim % kHeadDimMultiple != 0; }
+
+Problem padded(const Problem& p) {
+  Problem r = p;
+  r.kind = FloatKind::kFloat32;
+  r.head_dim = round_up(p.head_dim, kHeadDimMultiple);
+  return r;
+}
+
+// rows of D elements (kind) into float32 rows of Dp, zero beyond D.
+std::vector<float> pad_rows(FloatKind kind, const void* src, int64_t rows, int64_t D, int64_t Dp) {
+  std::vector<float> dst(static_cast<size_t>(rows * Dp));
+  float* d = dst.data();
+  parallel_for(rows, 256, [&](int64_t b, int64_t e) {
+    for (int64_t r = b; r < e; ++r) {
+      for (int64_t c = 0; c < D; ++c) d[r * Dp + c] = load_float(kind, src, r * D + c);
+      std::fill(d + r * Dp + D, d + (r + 1) * Dp, 0.f);
+    }
+  });
+  return dst;
+}
+
+// float32 rows of Dp into rows of D (kind).
+void unpad_rows(FloatKind kind, const std::vector<float>& src, int64_t rows, int64_t D, int64_t Dp, void* dst) {
+  parallel_for(rows, 256, [&](int64_t b, int64_t e) {
+    store_rows(kind, src.data() + b * Dp, Dp, e - b, D, dst, b * D, D);
+  });
+}
+
+}  // namespace
+
+void forward_cpu(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse) {
+  if (!needs_padding(p)) return forward_aligned(p, q, k, v, out, lse);
+  const Problem pp = padded(p);
+  const int64_t D = p.head_dim, Dp = pp.head_dim, rq = p.total_q * p.heads_q, rk = p.total_k * p.heads_k;
+  const std::vector<float> q32 = pad_rows(p.kind, q, rq, D, Dp), k32 = pad_rows(p.kind, k, rk, D, Dp);
+  const std::vector<float> v32 = pad_rows(p.kind, v, rk, D, Dp);
+  std::vector<float> o32(static_cast<size_t>(rq * Dp));
+  forward_aligned(pp, q32.data(), k32.data(), v32.data(), o32.data(), lse);
+  unpad_rows(p.kind, o32, rq, D, Dp, out);
+}
+
+void softmax_cpu(const Problem& p, const void* q, const void* k, const float* lse, void* softmax) {
+  if (!needs_padding(p)) return softmax_aligned(p, q, k, lse, softmax);
+  const Problem pp = padded(p);
+  const int64_t D = p.head_dim, Dp = pp.head_dim;
+  const std::vector<float> q32 = pad_rows(p.kind, q, p.total_q * p.heads_q, D, Dp);
+  const std::vector<float> k32 = pad_rows(p.kind, k, p.total_k * p.heads_k, D, Dp);
+  if (p.kind == FloatKind::kFloat32) return softmax_aligned(pp, q32.data(), k32.data(), lse, softmax);
+  // float16 / bfloat16: the probabilities in float32, then converted.
+  const int64_t elems = p.batch * p.heads_q * p.seqlen_q * p.seqlen_k;
+  std::vector<float> sm32(static_cast<size_t>(elems));
+  softmax_aligned(pp, q32.data(), k32.data(), lse, sm32.data());
+  unpad_rows(p.kind, sm32, elems, 1, 1, softmax);
+}
+
+void backward_cpu(const Problem& p, const void* q, const void* k, const void* v, const void* out,
+                  const void* dout, const float* lse, void* dq, void* dk, void* dv) {
+  if (!needs_padding(p)) return backward_aligned(p, q, k, v, out, dout, lse, dq, dk, dv);
+  const Problem pp = padded(p);
+  const int64_t D = p.head_dim, Dp = pp.head_dim, rq = p.total_q * p.heads_q, rk = p.total_k * p.heads_k;
+  const std::vector<float> q32 = pad_rows(p.kind, q, rq, D, Dp), k32 = pad_rows(p.kind, k, rk, D, Dp);
+  const std::vector<float> v32 = pad_rows(p.kind, v, rk, D, Dp), o32 = pad_rows(p.kind, out, rq, D, Dp);
+  const std::vector<float> do32 = pad_rows(p.kind, dout, rq, D, Dp);
+  std::vector<float> dq32(static_cast<size_t>(rq * Dp)), dk32(static_cast<size_t>(rk * Dp));
+  std::vector<float> dv32(static_cast<size_t>(rk * Dp));
+  backward_aligned(pp, q32.data(), k32.data(), v32.data(), o32.data(), do32.data(), lse, dq32.data(), dk32.data(),
+                   dv32.data());
+  unpad_rows(p.kind, dq32, rq, D, Dp, dq);
+  unpad_rows(p.kind, dk32, rk, D, Dp, dk);
+  unpad_rows(p.kind, dv32, rk, D, Dp, dv);
 }
 
 }  // namespace paddle_ext::flash_attn

@@ -161,7 +161,7 @@ inline float dot(const float* a, const float* b, int64_t n) {
 // Keys [k0, k0 + bk) a query i sees, counted from k0.
 inline int64_t visible_cols(const Ctx& ctx, const Seq& s, int64_t i, int64_t k0, int64_t bk) {
   if (!ctx.p.causal) return bk;
-  return std::min<int64_t>(bk, std::max<int64_t>(0, i + (s.lk - s.lq) + 1 - k0));
+  return std::min<int64_t>(bk, std::max<int64_t>(0, i + causal_shift(ctx.p, s.lq, s.lk) + 1 - k0));
 }
 
 // Masks in place: row r (query i0 + r) keeps columns [0, visible) of the
@@ -179,7 +179,7 @@ inline void mask_block(const Ctx& ctx, const Seq& s, int64_t i0, int64_t rows, i
 
 // A causal block that crosses the diagonal (some keys hidden from some rows).
 inline bool diagonal_block(const Ctx& ctx, const Seq& s, int64_t i0, int64_t k0, int64_t bk) {
-  return ctx.p.causal && k0 + bk - 1 > i0 + (s.lk - s.lq);
+  return ctx.p.causal && k0 + bk - 1 > i0 + causal_shift(ctx.p, s.lq, s.lk);
 }
 
 inline bool block_needs_mask(const Ctx& ctx, const Seq& s, int64_t i0, int64_t k0, int64_t bk) {
@@ -219,7 +219,7 @@ inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
   float* z = alpha + kBlockQ;           // kBlockK
   const float ninf = -std::numeric_limits<float>::infinity();
 
-  const int64_t kv_end = p.causal ? std::min<int64_t>(s.lk, std::max<int64_t>(0, i0 + rows + s.lk - s.lq)) : s.lk;
+  const int64_t kv_end = p.causal ? std::min<int64_t>(s.lk, std::max<int64_t>(0, i0 + rows + causal_shift(p, s.lq, s.lk))) : s.lk;
   const float qscale = p.scale * kLog2e;
   for (int64_t r = 0; r < rows; ++r) {
     const float* src = ctx.q + (s.q0 + i0 + r) * q_rs + h * D;
@@ -444,7 +444,7 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
         // of kMR columns summed only over the rows that see the tile's first
         // column (rows above see none of the tile; P and dS are zero where a
         // summed row does not see a tile column).
-        const int64_t last_seen = ctx.p.causal ? i0 + (s.lk - s.lq) - k0 : bk;
+        const int64_t last_seen = ctx.p.causal ? i0 + causal_shift(ctx.p, s.lq, s.lk) - k0 : bk;
         const int64_t full_cols = std::min<int64_t>(bk, std::max<int64_t>(0, last_seen + 1));
         gemm(full_cols, D, rows, S, 1, kBlockK, dop, kPanel, qps, dv_acc + k0 * D, D, kAdd);
         gemm(full_cols, D, rows, dP, 1, kBlockK, qp, kPanel, qps, dk_acc + k0 * D, D, kAdd);

@@ -137,7 +137,7 @@ struct LaneRow {
 };
 
 __device__ inline bool visible(const Problem& p, const SeqDev& s, int64_t i, int64_t j) {
-  return j < s.lk && (!p.causal || j <= i + s.lk - s.lq);
+  return j < s.lk && (!p.causal || j <= i + causal_shift(p, s.lq, s.lk));
 }
 
 __device__ inline float dropout_scale(const Problem& p, uint64_t sub, int64_t i, int64_t j) {
@@ -165,7 +165,7 @@ __global__ void forward_kernel(Problem p, const void* q, const void* k, const vo
 #pragma unroll
   for (int t = 0; t < DV; ++t) acc.x[t] = 0.f;
   float m = -INFINITY, l = 0.f;
-  const int64_t kv_end = p.causal ? imin(s.lk, imax(0, i + 1 + s.lk - s.lq)) : s.lk;
+  const int64_t kv_end = p.causal ? imin(s.lk, imax(0, i + 1 + causal_shift(p, s.lq, s.lk))) : s.lk;
   for (int64_t j0 = 0; j0 < kv_end; j0 += kLanes) {
     const int64_t j = j0 + lane;
     const bool ok = visible(p, s, i, j);
@@ -238,7 +238,7 @@ __global__ void backward_dq_kernel(Problem p, const void* q, const void* k, cons
   const float Di = group_sum(part);
   if (lane == 0) di[h * p.total_q + s.q0 + i] = Di;
   const float lse2 = lse[lse_index(p, s, h, i)] * kLog2e;
-  const int64_t kv_end = p.causal ? imin(s.lk, imax(0, i + 1 + s.lk - s.lq)) : s.lk;
+  const int64_t kv_end = p.causal ? imin(s.lk, imax(0, i + 1 + causal_shift(p, s.lq, s.lk))) : s.lk;
   for (int64_t j0 = 0; j0 < kv_end; j0 += kLanes) {
     const int64_t j = j0 + lane;
     const bool ok = visible(p, s, i, j) && lse2 != INFINITY;
@@ -269,7 +269,7 @@ __global__ void backward_dkv_kernel(Problem p, const void* q, const void* k, con
 #pragma unroll
   for (int t = 0; t < DV; ++t) dkacc.x[t] = dvacc.x[t] = 0.f;
   // Queries that see key j: all, or causal i >= j - (lk - lq).
-  const int64_t i_begin = p.causal ? imax(0, j - (s.lk - s.lq)) : 0;
+  const int64_t i_begin = p.causal ? imax(0, j - causal_shift(p, s.lq, s.lk)) : 0;
   for (int64_t g = 0; g < G; ++g) {
     const int64_t h = kvh * G + g;
     const uint64_t sub = dropout_subsequence(p.offset, b, p.heads_q, h);

@@ -10,7 +10,8 @@
                                                      # "interleaved-overlap")
     simulate(o, Costs(overlap_ratio=0.7))            # an F&B at 0.7 * (F + B)
 
-Modules: ir (actions, text form, Schedule), generate (fthenb / 1f1b / interleaved),
+Modules: ir (actions, text form, Schedule), generate (fthenb / 1f1b / interleaved / the
+zero-bubble zb-h1 and interleaved-zb),
 overlap (forward/backward overlap pairs), lower (communication), flow (data dependencies, channel matching), validate, simulate
 (cost model), analytic (closed forms), render (grids, timelines, PNG), cli.
 """
@@ -20,6 +21,7 @@ from paddle_ext.pipeline.schedule.analytic import makespan as analytic_makespan
 from paddle_ext.pipeline.schedule.analytic import peak_in_flight_bound
 from paddle_ext.pipeline.schedule.generate import (
     KINDS,
+    ZB_KINDS,
     ScheduleArgumentError,
     check_args,
     fthenb,
@@ -27,20 +29,27 @@ from paddle_ext.pipeline.schedule.generate import (
     interleaved,
     microbatch_groups,
     one_f_one_b,
+    split_cap,
+    w_lag,
+    zero_bubble,
 )
 from paddle_ext.pipeline.schedule.ir import (
     FB,
+    INPUT_GRAD_KINDS,
+    WEIGHT_GRAD_KINDS,
     Action,
     B,
     Comm,
     F,
     GradSync,
+    I,
     RecvAct,
     RecvGrad,
     Schedule,
     ScheduleError,
     SendAct,
     SendGrad,
+    W,
     computes,
     locate,
     parse_action,
@@ -59,11 +68,11 @@ from paddle_ext.pipeline.schedule.simulate import Costs, SimResult, Span, simula
 from paddle_ext.pipeline.schedule.validate import validate
 
 __all__ = [
-    "KINDS", "OVERLAP_SUFFIX", "Action", "B", "Comm", "Costs", "F", "FB", "GradSync", "RecvAct", "RecvGrad",
+    "INPUT_GRAD_KINDS", "KINDS", "OVERLAP_SUFFIX", "WEIGHT_GRAD_KINDS", "Action", "B", "I", "W", "Comm", "Costs", "F", "FB", "GradSync", "RecvAct", "RecvGrad",
     "Schedule", "ScheduleArgumentError", "ScheduleError", "SendAct", "SendGrad", "SimResult",
     "Span", "analytic_bubble", "analytic_makespan", "check_args", "computes", "fthenb", "generate",
     "interleaved", "is_overlapped", "locate", "lower", "microbatch_groups", "one_f_one_b",
     "overlap", "overlap_pairs", "parse_action", "split_kind",
     "peak_in_flight_bound", "plot_timeline", "simulate", "stage_of", "step_grid",
-    "text_timeline", "validate",
+    "text_timeline", "validate", "ZB_KINDS", "split_cap", "w_lag", "zero_bubble",
 ]

@@ -16,8 +16,8 @@ from typing import Dict, List, Tuple
 
 from paddle_ext.pipeline.schedule.ir import (
     FB,
+    INPUT_GRAD_KINDS,
     Action,
-    B,
     Comm,
     F,
     Schedule,
@@ -49,7 +49,8 @@ def expected_peer(pp: int, rank: int, comm: Comm, num_stages: int) -> int | None
 
 
 def consumes(pp: int, num_stages: int, rank: int, action: Action) -> List[Payload]:
-    """Payloads from other stages that `action` reads (not counting its own F for a B)."""
+    """Payloads from other stages that `action` reads (not counting its own F for a B or
+    an I; a W reads only what its own I left)."""
     out: List[Payload] = []
     parts = (action.f, action.b) if isinstance(action, FB) else (action,)
     for a in parts:
@@ -57,7 +58,7 @@ def consumes(pp: int, num_stages: int, rank: int, action: Action) -> List[Payloa
             s = stage_of(pp, rank, a.chunk)
             if s > 0:
                 out.append((False, s - 1, s, a.mb))
-        elif isinstance(a, B):
+        elif isinstance(a, INPUT_GRAD_KINDS):  # B or I; a W moves nothing
             s = stage_of(pp, rank, a.chunk)
             if s < num_stages - 1:
                 out.append((True, s + 1, s, a.mb))
@@ -73,7 +74,7 @@ def produces(pp: int, num_stages: int, rank: int, action: Action) -> List[Payloa
             s = stage_of(pp, rank, a.chunk)
             if s < num_stages - 1:
                 out.append((False, s, s + 1, a.mb))
-        elif isinstance(a, B):
+        elif isinstance(a, INPUT_GRAD_KINDS):  # B or I; a W moves nothing
             s = stage_of(pp, rank, a.chunk)
             if s > 0:
                 out.append((True, s, s - 1, a.mb))

@@ -11,6 +11,16 @@ communication afterwards. Kinds:
   microbatches >= pp. With vpp == 1 it *is* ``1f1b`` (Paddle picks its 1F1B class then).
 - ``1f1b-overlap``, ``interleaved-overlap``: the same with the steady state's F and B
   paired into overlapped ``F..&B..`` steps (overlap.py; upstream #71995).
+- ``zb-h1`` (vpp = 1) and ``interleaved-zb`` (any vpp; with vpp = 1 it is zb-h1): zero
+  bubble (Qi et al., ICLR 2024). Every B is split into I (input gradient, what the
+  previous stage waits for) and W (weight gradients, what only the gradient sync waits
+  for). F's and I's keep the 1f1b / interleaved order and warm-up, so the activations
+  autograd holds are the plain schedule's; on rank r each W trails its I by r steps
+  (the paper's ZB-H1, and torch.distributed.pipelining's W placement): rank 0, whose
+  last I ends the step, never defers, and deferred W's fill the cool-down bubbles.
+  Suffix ``-w<k>`` (``zb-h1-w2``) caps the pending W's (I done, W not) at k per rank:
+  W trails by min(r, k - 1). Zero-bubble kinds have no ``-overlap`` form (an F&B pairs
+  an F with a whole B). Why no ZB-H2: docs/pipeline_schedules.md.
 
 Unbalanced micro-batch counts (microbatches % pp != 0) follow upstream #58383: the
 micro-batches are cut into groups that walk through the chunks together, the first
@@ -22,9 +32,10 @@ longer warm-up (more activations held), see docs/pipeline_schedules.md.
 
 from __future__ import annotations
 
+import re
 from typing import List, Mapping, Optional, Tuple
 
-from paddle_ext.pipeline.schedule.ir import B, F, Schedule
+from paddle_ext.pipeline.schedule.ir import Action, B, F, I, Schedule, W
 from paddle_ext.pipeline.schedule.overlap import OVERLAP_SUFFIX, overlap, split_kind
 
 __all__ = [
@@ -37,9 +48,16 @@ __all__ = [
     "interleaved",
     "microbatch_groups",
     "interleaved_warmup",
+    "interleaved_orders",
+    "zero_bubble",
+    "w_lag",
+    "split_cap",
 ]
 
-KINDS = ("fthenb", "1f1b", "interleaved")
+ZB_KINDS = ("zb-h1", "interleaved-zb")
+KINDS = ("fthenb", "1f1b", "interleaved") + ZB_KINDS
+CAP_SUFFIX = "-w"  # zb-h1-w2: at most 2 pending W's per rank
+_CAP = re.compile(r"(?P<base>.*)-w(?P<cap>\d+)")
 
 
 class ScheduleArgumentError(ValueError):
@@ -53,41 +71,79 @@ class ScheduleArgumentError(ValueError):
 _DEFAULT_NAMES = {"pp": "pp", "vpp": "vpp", "microbatches": "microbatches", "kind": "kind"}
 
 
+def split_cap(kind: str) -> Tuple[str, Optional[int]]:
+    """('zb-h1', 2) for 'zb-h1-w2'; (kind, None) without a cap suffix."""
+    m = _CAP.fullmatch(kind)
+    return (m["base"], int(m["cap"])) if m else (kind, None)
+
+
 def check_args(pp: int, vpp: int, microbatches: int, kind: str,
-               names: Optional[Mapping[str, str]] = None) -> str:
+               names: Optional[Mapping[str, str]] = None,
+               max_pending_w: Optional[int] = None) -> str:
     """Validates generator arguments and returns the normalised kind.
 
-    `names` maps "pp", "vpp", "microbatches", "kind" to the spelling the caller's user
-    knows (e.g. "--pp"), so the error names what they typed.
+    `names` maps "pp", "vpp", "microbatches", "kind" (and "max_pending_w") to the
+    spelling the caller's user knows (e.g. "--pp"), so the error names what they typed.
+    A zero-bubble kind's cap (suffix -w<k> or `max_pending_w`) comes back as the suffix.
     """
-    n = {**_DEFAULT_NAMES, **(names or {})}
+    n = {**_DEFAULT_NAMES, "max_pending_w": "max_pending_w", **(names or {})}
+    allowed = (f"must be one of {', '.join(KINDS)}, or 1f1b{OVERLAP_SUFFIX} / "
+               f"interleaved{OVERLAP_SUFFIX}, or a zero-bubble kind with {CAP_SUFFIX}<k> "
+               "(at most k pending W's per rank, k >= 1)")
     base, overlapped = split_kind(str(kind).lower())
+    base, cap = split_cap(base)
     k = base.replace("-", "").replace("_", "")
     k = {"fthenb": "fthenb", "1f1b": "1f1b", "interleaved": "interleaved", "vpp": "interleaved",
-         "interleave": "interleaved"}.get(k, k)
-    if k not in KINDS or (overlapped and k == "fthenb"):
-        raise ScheduleArgumentError(n["kind"], kind, f"must be one of {', '.join(KINDS)}, or "
-                                    f"1f1b{OVERLAP_SUFFIX} / interleaved{OVERLAP_SUFFIX}")
+         "interleave": "interleaved", "zbh1": "zb-h1", "interleavedzb": "interleaved-zb",
+         "zbinterleaved": "interleaved-zb", "zbvpp": "interleaved-zb"}.get(k, k)
+    if k not in KINDS or (overlapped and k == "fthenb") or (cap is not None and k not in ZB_KINDS):
+        raise ScheduleArgumentError(n["kind"], kind, allowed)
+    if overlapped and k in ZB_KINDS:
+        raise ScheduleArgumentError(
+            n["kind"], kind, f"zero-bubble kinds have no {OVERLAP_SUFFIX} form: the forward/"
+            "backward overlap pairs an F with a whole B, which zero bubble splits into I and "
+            f"W (use {k}, or 1f1b{OVERLAP_SUFFIX} / interleaved{OVERLAP_SUFFIX})")
+    if max_pending_w is not None:
+        if k not in ZB_KINDS:
+            raise ScheduleArgumentError(n["max_pending_w"], max_pending_w,
+                                        f"only zero-bubble kinds ({', '.join(ZB_KINDS)}) defer "
+                                        f"W's; {n['kind']} is {kind!r}")
+        if cap is not None and cap != max_pending_w:
+            raise ScheduleArgumentError(n["max_pending_w"], max_pending_w,
+                                        f"{n['kind']} {kind!r} already caps it at {cap}")
+        cap = max_pending_w
+    if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
+        raise ScheduleArgumentError(n["max_pending_w"], cap, "must be an integer >= 1 (1: each "
+                                    "W right after its I)")
     for key, value, low in (("pp", pp, 2), ("vpp", vpp, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ScheduleArgumentError(n[key], value, f"must be an integer >= {low}")
     if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < pp:
         raise ScheduleArgumentError(n["microbatches"], microbatches,
                                     f"must be an integer >= {n['pp']} (= {pp})")
-    if k == "1f1b" and vpp != 1:
-        raise ScheduleArgumentError(n["vpp"], vpp, f"{n['kind']} 1f1b needs 1 "
-                                    "(use interleaved for virtual stages)")
+    if k in ("1f1b", "zb-h1") and vpp != 1:
+        alt = "interleaved" if k == "1f1b" else "interleaved-zb"
+        raise ScheduleArgumentError(n["vpp"], vpp, f"{n['kind']} {k} needs 1 "
+                                    f"(use {alt} for virtual stages)")
+    if cap is not None:
+        k += f"{CAP_SUFFIX}{cap}"
     return k + OVERLAP_SUFFIX if overlapped else k
 
 
-def generate(pp: int, vpp: int, microbatches: int, kind: str = "interleaved") -> Schedule:
+def generate(pp: int, vpp: int, microbatches: int, kind: str = "interleaved",
+             max_pending_w: Optional[int] = None) -> Schedule:
     """The compute-only schedule of `kind` (see module docstring) for the given shape.
 
     "1f1b-overlap" / "interleaved-overlap": that schedule with its steady-state F and B
-    paired into overlapped F&B steps (overlap.py)."""
-    k, overlapped = split_kind(check_args(pp, vpp, microbatches, kind))
+    paired into overlapped F&B steps (overlap.py). `max_pending_w` (zero-bubble kinds
+    only) is the same as the kind suffix -w<k>."""
+    k, overlapped = split_kind(check_args(pp, vpp, microbatches, kind,
+                                          max_pending_w=max_pending_w))
     if overlapped:
         return overlap(generate(pp, vpp, microbatches, k))
+    base, cap = split_cap(k)
+    if base in ZB_KINDS:
+        return zero_bubble(pp, vpp, microbatches, cap, kind=k)
     if k == "fthenb":
         return fthenb(pp, vpp, microbatches)
     if k == "1f1b":
@@ -141,12 +197,19 @@ def interleaved_warmup(pp: int, vpp: int, microbatches: int, rank: int) -> int:
     return min(2 * (pp - rank - 1) + (vpp - 1) * first, vpp * microbatches)
 
 
+def interleaved_orders(pp: int, vpp: int, microbatches: int
+                       ) -> Tuple[List[Tuple[int, int]], List[Tuple[int, int]]]:
+    """Every rank's (chunk, mb) forward order and backward order in `interleaved` (for
+    vpp = 1 just 0..M-1 twice)."""
+    return (_interleaved_order(pp, vpp, microbatches, backward=False),
+            _interleaved_order(pp, vpp, microbatches, backward=True))
+
+
 def interleaved(pp: int, vpp: int, microbatches: int) -> Schedule:
     if vpp == 1:
         s = one_f_one_b(pp, microbatches)
         return s.with_ranks(s.ranks, kind="interleaved")
-    fwd = _interleaved_order(pp, vpp, microbatches, backward=False)
-    bwd = _interleaved_order(pp, vpp, microbatches, backward=True)
+    fwd, bwd = interleaved_orders(pp, vpp, microbatches)
     total = len(fwd)
     ranks = []
     for r in range(pp):
@@ -157,3 +220,35 @@ def interleaved(pp: int, vpp: int, microbatches: int) -> Schedule:
         acts += [B(*cm) for cm in bwd[total - warmup:]]
         ranks.append(tuple(acts))
     return Schedule(pp, vpp, microbatches, tuple(ranks), "interleaved")
+
+
+def w_lag(rank: int, max_pending_w: Optional[int] = None) -> int:
+    """Steps each W trails its I by on `rank` in the zero-bubble kinds: the rank (rank 0
+    none, its last I ends the step), fewer under the cap."""
+    return rank if max_pending_w is None else min(rank, max_pending_w - 1)
+
+
+def zero_bubble(pp: int, vpp: int, microbatches: int, max_pending_w: Optional[int] = None,
+                kind: Optional[str] = None) -> Schedule:
+    """zb-h1 (vpp = 1) / interleaved-zb: the interleaved (1F1B) order of F's with I in
+    place of B, each W trailing its I by `w_lag(rank)` steps, the rest at the end.
+    `kind` only labels the result (default zb-h1 / interleaved-zb)."""
+    fwd, bwd = interleaved_orders(pp, vpp, microbatches)
+    total = len(fwd)
+    ranks = []
+    for r in range(pp):
+        warmup = interleaved_warmup(pp, vpp, microbatches, r)
+        lag = w_lag(r, max_pending_w)
+        acts: List[Action] = [F(*cm) for cm in fwd[:warmup]]
+        done_w = 0
+        for k in range(total):
+            if warmup + k < total:
+                acts.append(F(*fwd[warmup + k]))
+            acts.append(I(*bwd[k]))
+            if k + 1 - done_w > lag:  # the W of the I `lag` steps back
+                acts.append(W(*bwd[done_w]))
+                done_w += 1
+        acts += [W(*cm) for cm in bwd[done_w:]]
+        ranks.append(tuple(acts))
+    label = kind or ("zb-h1" if vpp == 1 else "interleaved-zb")
+    return Schedule(pp, vpp, microbatches, tuple(ranks), label)

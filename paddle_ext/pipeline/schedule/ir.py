@@ -10,13 +10,20 @@ rank is implied by the list an action sits in.
 Text grammar (one token per action, no spaces inside):
 
     F<c>.<m>             forward of chunk c, micro-batch m
-    B<c>.<m>             backward of chunk c, micro-batch m
+    B<c>.<m>             backward of chunk c, micro-batch m (input and weight grads)
+    I<c>.<m>             input-gradient half of B(c, m): the gradient sent upstream
+    W<c>.<m>             weight-gradient half of B(c, m): parameter grads only, after I
     F<c>.<m>&B<d>.<n>    overlapped pair: F(c, m) and B(d, n) run as one step
     SA<c>.<m>><p>        send the activation that F(c, m) produced to rank p
     RA<c>.<m><<p>        receive from rank p the input activation of F(c, m)
     SG<c>.<m>><p>        send the input gradient that B(c, m) produced to rank p
     RG<c>.<m><<p>        receive from rank p the output gradient B(c, m) needs
-    GS<c>                chunk c's last backward is done: its gradients may sync
+    GS<c>                chunk c's last backward (B or W) is done: its gradients may sync
+
+Zero-bubble schedules split a backward in two: I(c, m) computes the input gradient
+(what the previous stage waits for) and W(c, m) the weight gradients (what nothing
+downstream waits for, so it can fill a bubble). A (chunk, micro-batch) runs either one
+B or one I and one W, never both.
 
 Every communication token names the chunk on *its own* rank that produces (send)
 or consumes (recv) the tensor, so `SA1.3>0` on rank 3 (pp=4: stage 7) is matched by
@@ -39,6 +46,8 @@ from typing import Dict, Iterable, Iterator, Sequence, Tuple, Union
 __all__ = [
     "F",
     "B",
+    "I",
+    "W",
     "FB",
     "Comm",
     "SendAct",
@@ -50,6 +59,8 @@ __all__ = [
     "Compute",
     "Schedule",
     "ScheduleError",
+    "INPUT_GRAD_KINDS",
+    "WEIGHT_GRAD_KINDS",
     "computes",
     "parse_action",
     "stage_of",
@@ -104,6 +115,30 @@ class B:
 
     def __str__(self) -> str:
         return f"B{self.chunk}.{self.mb}"
+
+
+@dataclass(frozen=True)
+class I:  # noqa: E742 - the grammar's letter; zero-bubble papers call it B_input
+    """Input-gradient half of B(chunk, mb): the gradient the previous stage needs.
+    Keeps what W(chunk, mb) needs (layer inputs, output gradients) alive."""
+
+    chunk: int
+    mb: int
+
+    def __str__(self) -> str:
+        return f"I{self.chunk}.{self.mb}"
+
+
+@dataclass(frozen=True)
+class W:
+    """Weight-gradient half of B(chunk, mb): accumulates that micro-batch's parameter
+    gradients of the chunk; needs I(chunk, mb) done, nothing downstream waits for it."""
+
+    chunk: int
+    mb: int
+
+    def __str__(self) -> str:
+        return f"W{self.chunk}.{self.mb}"
 
 
 @dataclass(frozen=True)
@@ -173,13 +208,20 @@ class GradSync:
         return f"GS{self.chunk}"
 
 
-Compute = Union[F, B, FB]
-Action = Union[F, B, FB, SendAct, RecvAct, SendGrad, RecvGrad, GradSync]
+Compute = Union[F, B, I, W, FB]
+Action = Union[F, B, I, W, FB, SendAct, RecvAct, SendGrad, RecvGrad, GradSync]
+_SINGLE: Dict[str, type] = {"F": F, "B": B, "I": I, "W": W}
+
+# The computes that make a (chunk, mb)'s input gradient (they read its output gradient,
+# RG, and their result is sent upstream, SG) and those that finish its parameter
+# gradients (the chunk's GS follows the last of them).
+INPUT_GRAD_KINDS: Tuple[type, ...] = (B, I)
+WEIGHT_GRAD_KINDS: Tuple[type, ...] = (B, W)
 
 _COMM_TYPES: Dict[str, type] = {"SA": SendAct, "RA": RecvAct, "SG": SendGrad, "RG": RecvGrad}
 _TOKEN = re.compile(
     r"(?P<fb>F(?P<fc>\d+)\.(?P<fm>\d+)&B(?P<bc>\d+)\.(?P<bm>\d+))"
-    r"|(?P<k>[FB])(?P<c>\d+)\.(?P<m>\d+)"
+    r"|(?P<k>[FBIW])(?P<c>\d+)\.(?P<m>\d+)"
     r"|(?P<s>S[AG])(?P<sc>\d+)\.(?P<sm>\d+)>(?P<sp>\d+)"
     r"|(?P<r>R[AG])(?P<rc>\d+)\.(?P<rm>\d+)<(?P<rp>\d+)"
     r"|GS(?P<gc>\d+)"
@@ -196,13 +238,14 @@ def _parse(text: str) -> Action:
     m = _TOKEN.fullmatch(text)
     if m is None:
         raise ScheduleError(
-            f"cannot parse action {text!r}: expected F<c>.<m>, B<c>.<m>, F<c>.<m>&B<c>.<m>, "
+            f"cannot parse action {text!r}: expected F<c>.<m>, B<c>.<m>, I<c>.<m>, W<c>.<m>, "
+            "F<c>.<m>&B<c>.<m>, "
             "SA/SG<c>.<m>><rank>, RA/RG<c>.<m><<rank> or GS<c>")
     g = {k: v for k, v in m.groupdict().items() if v is not None}
     if "fb" in g:
         return FB(F(int(g["fc"]), int(g["fm"])), B(int(g["bc"]), int(g["bm"])))
     if "k" in g:
-        return (F if g["k"] == "F" else B)(int(g["c"]), int(g["m"]))
+        return _SINGLE[g["k"]](int(g["c"]), int(g["m"]))
     if "s" in g:
         return _COMM_TYPES[g["s"]](int(g["sc"]), int(g["sm"]), int(g["sp"]))
     if "r" in g:
@@ -210,10 +253,10 @@ def _parse(text: str) -> Action:
     return GradSync(int(g["gc"]))
 
 
-def computes(action: Action) -> Tuple[Union[F, B], ...]:
-    """The F/B parts of a compute action; () for communication and GS."""
+def computes(action: Action) -> Tuple[Union[F, B, I, W], ...]:
+    """The F/B/I/W parts of a compute action; () for communication and GS."""
     t = type(action)  # exact type tests: this runs for every action of every check
-    if t is F or t is B:
+    if t is F or t is B or t is I or t is W:
         return (action,)  # type: ignore[return-value]
     if t is FB:
         return (action.f, action.b)  # type: ignore[union-attr]

@@ -12,7 +12,11 @@ Contract of a lowered rank list (what the runtime interpreter executes, in order
 - ``SA<c>.<m>>p`` / ``SG<c>.<m>>p``: send F(c, m)'s output / B(c, m)'s input gradient
   to rank p. Always after the compute that made it; the tensor may be freed after.
 - ``RA<c>.<m><p`` / ``RG<c>.<m><p``: receive from rank p; always before the consumer.
-- ``GS<c>`` (only with grad_sync=True): chunk c's last backward on this rank is done, its
+- ``I<c>.<m>`` / ``W<c>.<m>`` (zero bubble): the backward in two halves. I computes the
+  input gradient (from ``RG<c>.<m>`` or the loss, like B) and is what ``SG<c>.<m>``
+  sends; it frees the activations autograd kept but keeps what W needs. W then
+  accumulates the micro-batch's parameter gradients of chunk c; it moves no tensor.
+- ``GS<c>`` (only with grad_sync=True): chunk c's last B or W on this rank is done, its
   gradient buckets may launch (asynchronously, on their own group).
 
 Sends and receives may be blocking rendezvous (gloo: a send returns only once the peer
@@ -49,8 +53,8 @@ from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from paddle_ext.pipeline.schedule.flow import Payload, consumes, produces
 from paddle_ext.pipeline.schedule.ir import (
+    WEIGHT_GRAD_KINDS,
     Action,
-    B,
     GradSync,
     RecvAct,
     RecvGrad,
@@ -224,10 +228,12 @@ def _pending(pp: int, p: Payload, made: Number) -> _Pending:
 
 
 def _with_grad_sync(acts: Sequence[Action]) -> List[Action]:
+    """GS<c> right after chunk c's last B or W: with zero bubble the grads are complete
+    only after the last W (syncing after the last I would send partial gradients)."""
     last: Dict[int, int] = {}
     for i, a in enumerate(acts):
         for p in computes(a):
-            if isinstance(p, B):
+            if isinstance(p, WEIGHT_GRAD_KINDS):
                 last[p.chunk] = i
     after: Dict[int, List[Action]] = {}
     for c, i in sorted(last.items()):

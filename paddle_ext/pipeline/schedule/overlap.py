@@ -82,6 +82,10 @@ def overlap(schedule: Schedule) -> Schedule:
             if type(a) is FB:
                 raise schedule_error(schedule, f"{a} on rank {r} is already an overlapped pair",
                                      [(r, i)])
+            if type(a) not in (F, B):
+                raise schedule_error(schedule, f"{a} on rank {r} is half of a split backward: "
+                                     "overlap() pairs an F with a whole B, so zero-bubble "
+                                     "schedules have no overlapped form", [(r, i)])
             (fwd if type(a) is F else bwd).append(a)  # type: ignore[arg-type]
         n = len(fwd)
         if len(bwd) != n:

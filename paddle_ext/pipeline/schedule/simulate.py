@@ -35,12 +35,16 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence, Tuple, U
 from paddle_ext.pipeline.schedule.flow import Payload, consumes, match_channels, payload, produces
 from paddle_ext.pipeline.schedule.ir import (
     FB,
+    INPUT_GRAD_KINDS,
+    WEIGHT_GRAD_KINDS,
     Action,
     B,
     Comm,
     F,
     GradSync,
+    I,
     Schedule,
+    W,
     computes,
     stage_of,
 )
@@ -48,7 +52,8 @@ from paddle_ext.pipeline.schedule.render import schedule_error
 
 Number = Union[int, float, Fraction]
 
-__all__ = ["Number", "Costs", "Span", "SimResult", "simulate", "peak_in_flight"]
+__all__ = ["Number", "Costs", "Span", "SimResult", "simulate", "peak_in_flight",
+           "peak_pending_w", "peak_held"]
 
 
 @dataclass(frozen=True)
@@ -57,9 +62,14 @@ class Costs:
     send/recv pair; `overlap`: an FB action; `overlap_ratio`: an FB action as a fraction
     of its F plus its B (e.g. 0.7). Default for FB: its F plus its B.
 
+    Zero bubble: `input_grad` / `weight_grad` price an I / a W. Left out, they split the
+    backward: both None gives backward / 2 each (F=1, B=2: the unit costs F = I = W = 1),
+    one given leaves the other backward minus it. A B keeps costing `backward`.
+
     Overrides, most specific first: `per_action[(rank, action)]`, then
-    `per_stage[global_stage] = (forward, backward)` (for per-chunk costs, list every
-    stage of the chunk).
+    `per_stage[global_stage] = (forward, backward)` or `(forward, input_grad,
+    weight_grad)` (B then costs I + W; with two numbers I and W split B as above). For
+    per-chunk costs, list every stage of the chunk.
     """
 
     forward: Number = 1
@@ -67,16 +77,24 @@ class Costs:
     comm: Number = 0
     overlap: Optional[Number] = None
     overlap_ratio: Optional[Number] = None
-    per_stage: Mapping[int, Tuple[Number, Number]] = field(default_factory=dict)
+    input_grad: Optional[Number] = None
+    weight_grad: Optional[Number] = None
+    per_stage: Mapping[int, Tuple[Number, ...]] = field(default_factory=dict)
     per_action: Mapping[Tuple[int, Action], Number] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Positive compute costs keep "starts before t" and "ends by t" apart, which
         # lower() relies on to put each send after its producer.
         checks = [("forward", self.forward), ("backward", self.backward)]
-        checks += [(f"per_stage[{s}]", c) for s, fb in self.per_stage.items() for c in fb]
+        for stage, fb in self.per_stage.items():
+            if len(fb) not in (2, 3):
+                raise ValueError(f"costs per_stage[{stage}] = {fb!r}: expected (F, B) or "
+                                 "(F, I, W)")
+            checks += [(f"per_stage[{stage}]", c) for c in fb]
         checks += [(f"per_action[{k}]", c) for k, c in self.per_action.items()
                    if computes(k[1])]
+        i_w = _split(self.backward, self.input_grad, self.weight_grad)
+        checks += [("input_grad", i_w[0]), ("weight_grad", i_w[1])]
         if self.overlap is not None:
             checks.append(("overlap", self.overlap))
         if self.overlap_ratio is not None:
@@ -92,10 +110,12 @@ class Costs:
 
     @classmethod
     def parse(cls, text: str) -> Costs:
-        """'F,B,comm' (e.g. '1,2,0.1'); integers and fractions like '1/3' stay exact."""
+        """'F,B,comm' (e.g. '1,2,0.1') or 'F,I,W,comm' (zero bubble: B = I + W);
+        integers and fractions like '1/3' stay exact."""
         parts = [p.strip() for p in text.split(",")]
-        if len(parts) != 3:
-            raise ValueError(f"costs {text!r}: expected three numbers F,B,comm")
+        if len(parts) not in (3, 4):
+            raise ValueError(f"costs {text!r}: expected three numbers F,B,comm or four "
+                             "F,I,W,comm")
         nums: List[Number] = []
         for p in parts:
             try:
@@ -103,11 +123,20 @@ class Costs:
             except ValueError:
                 raise ValueError(f"costs {text!r}: {p!r} is not a number") from None
         nums = [int(n) if isinstance(n, Fraction) and n.denominator == 1 else n for n in nums]
+        if len(nums) == 4:
+            f, i, w, comm = nums
+            return cls(f, i + w, comm, input_grad=i, weight_grad=w)
         return cls(nums[0], nums[1], nums[2])
 
     @property
+    def i_w(self) -> Tuple[Number, Number]:
+        """(cost of an I, cost of a W) away from per-stage / per-action overrides."""
+        return _split(self.backward, self.input_grad, self.weight_grad)
+
+    @property
     def uniform(self) -> bool:
-        """No per-stage or per-action overrides and no special FB cost."""
+        """No per-stage or per-action overrides and no special FB cost (I and W may
+        differ from each other: every I costs the same, every W too)."""
         return (not self.per_stage and not self.per_action and self.overlap is None
                 and self.overlap_ratio in (None, 1))
 
@@ -117,6 +146,8 @@ class Costs:
             return self.per_action[(rank, action)]
         if not self.per_stage and (t is F or t is B):  # the common case, kept fast
             return self.forward if t is F else self.backward
+        if not self.per_stage and (t is I or t is W):
+            return self.i_w[0 if t is I else 1]
         if isinstance(action, (Comm, GradSync)):
             return self.comm if isinstance(action, Comm) else 0
         if t is FB:
@@ -124,9 +155,30 @@ class Costs:
                 return self.overlap
             both = self.of(pp, rank, action.f) + self.of(pp, rank, action.b)
             return both if self.overlap_ratio is None else self.overlap_ratio * both
-        fwd, bwd = self.per_stage.get(stage_of(pp, rank, action.chunk),
-                                      (self.forward, self.backward))
-        return fwd if isinstance(action, F) else bwd
+        own = self.per_stage.get(stage_of(pp, rank, action.chunk))
+        if own is None:
+            fwd, bwd, (i, w) = self.forward, self.backward, self.i_w
+        elif len(own) == 3:
+            fwd, i, w = own
+            bwd = i + w
+        else:
+            fwd, bwd = own
+            i, w = _split(bwd, None, None)
+        return {F: fwd, B: bwd, I: i, W: w}[t]
+
+
+def _split(backward: Number, input_grad: Optional[Number],
+           weight_grad: Optional[Number]) -> Tuple[Number, Number]:
+    """(I, W) costs from a backward's and the given halves (see Costs)."""
+    if input_grad is None and weight_grad is None:
+        half = Fraction(backward) / 2 if isinstance(backward, (int, Fraction)) else backward / 2
+        half = int(half) if isinstance(half, Fraction) and half.denominator == 1 else half
+        return half, half
+    if input_grad is None:
+        return backward - weight_grad, weight_grad  # type: ignore[operator]
+    if weight_grad is None:
+        return input_grad, backward - input_grad
+    return input_grad, weight_grad
 
 
 class Span(NamedTuple):
@@ -188,6 +240,16 @@ class SimResult:
             out.append(peak)
         return tuple(out)
 
+    @property
+    def peak_pending_w(self) -> Tuple[int, ...]:
+        """Per rank, most I's done whose W has not (see `peak_pending_w`)."""
+        return tuple(peak_pending_w(acts) for acts in self.schedule.ranks)
+
+    @property
+    def peak_held(self) -> Tuple[int, ...]:
+        """Per rank, most F's done whose B or W has not (see `peak_held`)."""
+        return tuple(peak_held(acts) for acts in self.schedule.ranks)
+
     def span(self, rank: int, action: Action) -> Span:
         for s in self.spans[rank]:
             if s.action == action:
@@ -195,19 +257,40 @@ class SimResult:
         raise KeyError(f"{action} is not on rank {rank}")
 
 
-def peak_in_flight(actions: Sequence[Action]) -> int:
-    """Most chunk-activations held at once: F's run whose B has not finished. An FB
-    holds its F's activation while its B's is still alive, so it counts +1 first."""
+def _peak(actions: Sequence[Action], opens: Tuple[type, ...], closes: Tuple[type, ...]) -> int:
     cur = peak = 0
     for a in actions:
-        for p in computes(a):
-            if isinstance(p, F):
+        parts = computes(a)
+        for p in parts:  # an FB opens its F's before it closes its B's
+            if isinstance(p, opens):
                 cur += 1
                 peak = max(peak, cur)
-        for p in computes(a):
-            if isinstance(p, B):
+        for p in parts:
+            if isinstance(p, closes):
                 cur -= 1
     return peak
+
+
+def peak_in_flight(actions: Sequence[Action]) -> int:
+    """Most chunk-activations held at once: F's run whose B (or I) has not finished. An
+    FB holds its F's activation while its B's is still alive, so it counts +1 first.
+    An I frees the activations autograd kept; what its W still needs is
+    `peak_pending_w`."""
+    return _peak(actions, (F,), INPUT_GRAD_KINDS)
+
+
+def peak_pending_w(actions: Sequence[Action]) -> int:
+    """Most I's done whose W has not run: each holds what its weight gradients need (the
+    chunk's linear-layer inputs and output gradients of that micro-batch), a part of
+    one chunk-activation."""
+    return _peak(actions, (I,), (W,))
+
+
+def peak_held(actions: Sequence[Action]) -> int:
+    """Most micro-batches whose chunk memory is not released at all: F's run whose B (or
+    W) has not finished. The conservative figure for zero bubble: it counts a pending W
+    as a whole chunk-activation."""
+    return _peak(actions, (F,), WEIGHT_GRAD_KINDS)
 
 
 def simulate(schedule: Schedule, costs: Optional[Costs] = None,

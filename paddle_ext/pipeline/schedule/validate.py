@@ -4,17 +4,21 @@
 sentence, then the rank x step grid with the offending action marked `[..]!`):
 
 1. every action names a chunk in 0..vpp-1 and a micro-batch in 0..microbatches-1;
-2. every rank runs exactly one F and one B of each (chunk, micro-batch), F first;
+2. every rank runs exactly one F of each (chunk, micro-batch) and either one B or (zero
+   bubble) one I and one W, never both; F first, I before its W;
 3. (lowered schedules) every stage boundary has exactly one send after the producing
-   compute and one receive before the consuming compute, addressed to the rank that
-   holds the neighbouring stage; GS<c>, if used, follows chunk c's last B;
+   compute and one receive before the consuming compute (an I's gradient traffic is a
+   B's), addressed to the rank that holds the neighbouring stage; GS<c>, if used,
+   follows chunk c's last B or W (every W of the chunk: its parameter gradients are
+   complete only then);
 4. (lowered) sends and receives pair up in order on every directed rank pair, with
    equal payloads;
 5. the schedule runs to the end (simulate.py: blocking point-to-point when lowered,
    or a communication thread per rank with async_p2p; dataflow when compute-only):
    no deadlock;
-6. in simulated time, F of stage s starts after F of stage s-1 ended, B of stage s
-   after B of stage s+1, and the last stage's B after its own F.
+6. in simulated time, F of stage s starts after F of stage s-1 ended, B (or I) of
+   stage s after B (or I) of stage s+1, the last stage's B (or I) after its own F, and
+   a W after its own I.
 
 It returns the SimResult of step 5, the proof that the schedule finishes.
 """
@@ -24,15 +28,18 @@ from __future__ import annotations
 from typing import Dict, Optional, Tuple
 
 from paddle_ext.pipeline.schedule.ir import (
+    INPUT_GRAD_KINDS,
     B,
     Comm,
     F,
     GradSync,
+    I,
     RecvAct,
     RecvGrad,
     Schedule,
     SendAct,
     SendGrad,
+    W,
     computes,
     locate,
     stage_of,
@@ -57,11 +64,11 @@ def validate(schedule: Schedule, costs: Optional[Costs] = None,
 
 
 def check_compute(schedule: Schedule) -> None:
-    """Checks 1 and 2 (ranges, one F and one B per (chunk, mb) on its rank, F first)."""
+    """Checks 1 and 2 (ranges; per (chunk, mb) on its rank one F and either one B or one
+    I and one W; F first, I before W)."""
     v, m_count = schedule.vpp, schedule.microbatches
     for r, acts in enumerate(schedule.ranks):
-        f_at: Dict[Tuple[int, int], int] = {}
-        b_at: Dict[Tuple[int, int], int] = {}
+        at: Dict[type, Dict[Tuple[int, int], int]] = {F: {}, B: {}, I: {}, W: {}}
         for i, a in enumerate(acts):
             parts = computes(a)
             if not parts:  # communication or GS: only its range matters here
@@ -72,15 +79,18 @@ def check_compute(schedule: Schedule) -> None:
                 key = (p.chunk, p.mb)
                 if not 0 <= key[0] < v or not 0 <= key[1] < m_count:
                     raise _out_of_range(schedule, r, i)
-                table = f_at if type(p) is F else b_at
+                table = at[type(p)]
                 if key in table:
                     raise schedule_error(
                         schedule, f"{p} appears twice on rank {r} (steps {table[key]} and {i}): "
                         "each (chunk, micro-batch) needs exactly one", [(r, table[key]), (r, i)])
                 table[key] = i
-                if table is f_at:
+                if type(p) is F:
                     continue
-                fi = f_at.get(key)
+                _check_split(schedule, r, i, p, at)
+                if type(p) is W:
+                    continue
+                fi = at[F].get(key)
                 if fi is None:
                     later = [j for j, x in enumerate(acts) if F(*key) in computes(x)]
                     where = (f"its forward F{key[0]}.{key[1]} comes later (step {later[0]})"
@@ -94,16 +104,40 @@ def check_compute(schedule: Schedule) -> None:
                         "same micro-batch", [(r, i)])
         for c in range(v):
             for mb in range(m_count):
-                if (c, mb) not in f_at:
+                key = (c, mb)
+                if key not in at[F]:
                     raise schedule_error(
                         schedule, f"rank {r} never runs F{c}.{mb} (stage "
                         f"{stage_of(schedule.pp, r, c)}, micro-batch {mb})", [])
-                if (c, mb) not in b_at:
+                if key not in at[B] and key not in at[I]:
                     raise schedule_error(
-                        schedule, f"F{c}.{mb} on rank {r} (step {f_at[(c, mb)]}) has no "
-                        f"backward: B{c}.{mb} is missing", [(r, f_at[(c, mb)])])
-        _check_grad_sync(schedule, r, b_at)
+                        schedule, f"F{c}.{mb} on rank {r} (step {at[F][key]}) has no "
+                        f"backward: B{c}.{mb} is missing", [(r, at[F][key])])
+                if key in at[I] and key not in at[W]:
+                    raise schedule_error(
+                        schedule, f"I{c}.{mb} on rank {r} (step {at[I][key]}) has no W{c}.{mb}: "
+                        "its weight gradients would never be computed", [(r, at[I][key])])
+        _check_grad_sync(schedule, r, {**at[B], **at[W]})
 
+
+def _check_split(schedule: Schedule, r: int, i: int, p, at) -> None:
+    """A (chunk, mb) runs one B or one I and one W (never both), its W after its I."""
+    key = (p.chunk, p.mb)
+    c, mb = key
+    other = [(k, at[k][key]) for k in ((I, W) if type(p) is B else (B,)) if key in at[k]]
+    if other:
+        k, j = other[0]
+        raise schedule_error(
+            schedule, f"{p} on rank {r} (step {i}) and {k.__name__}{c}.{mb} (step {j}) both "
+            f"compute gradients of micro-batch {mb}: a (chunk, micro-batch) runs one B, or one "
+            "I and one W", [(r, j), (r, i)])
+    if type(p) is W and key not in at[I]:
+        later = [j for j, x in enumerate(schedule.ranks[r]) if I(c, mb) in computes(x)]
+        where = (f"I{c}.{mb} comes later (step {later[0]})" if later
+                 else f"rank {r} has no I{c}.{mb}")
+        raise schedule_error(
+            schedule, f"{p} on rank {r} (step {i}) runs before its input gradient: {where} "
+            "(W needs the output gradient I received)", [(r, i)] + [(r, j) for j in later[:1]])
 
 def _out_of_range(schedule: Schedule, r: int, i: int) -> Exception:
     return schedule_error(
@@ -112,6 +146,8 @@ def _out_of_range(schedule: Schedule, r: int, i: int) -> Exception:
 
 
 def _check_grad_sync(schedule: Schedule, r: int, b_at: Dict[Tuple[int, int], int]) -> None:
+    """GS<c> after chunk c's last B or W (`b_at`: where each (chunk, mb)'s parameter
+    gradients are finished)."""
     acts = schedule.ranks[r]
     gs = [(i, a) for i, a in enumerate(acts) if isinstance(a, GradSync)]
     if not gs:
@@ -126,7 +162,8 @@ def _check_grad_sync(schedule: Schedule, r: int, b_at: Dict[Tuple[int, int], int
         if i < last:
             raise schedule_error(
                 schedule, f"{a} on rank {r} (step {i}) comes before chunk {a.chunk}'s last "
-                f"backward {acts[last]} (step {last}): its gradients are not complete yet",
+                f"{'weight-gradient' if type(acts[last]) is W else 'backward'} {acts[last]} (step "
+                f"{last}): its gradients are not complete yet",
                 [(r, i), (r, last)])
     for c in range(schedule.vpp):
         if c not in seen:
@@ -151,8 +188,9 @@ def check_comm(schedule: Schedule) -> None:
         at: Dict[Tuple[type, int, int], int] = {}
         compute_at: Dict[Tuple[type, int, int], int] = {}
         for i, a in enumerate(acts):
-            for p in computes(a):
-                compute_at[(type(p), p.chunk, p.mb)] = i
+            for p in computes(a):  # an I sends and receives what a B would
+                kind = B if isinstance(p, INPUT_GRAD_KINDS) else type(p)
+                compute_at[(kind, p.chunk, p.mb)] = i
         for i, a in enumerate(acts):
             if not isinstance(a, Comm):
                 continue
@@ -210,11 +248,17 @@ def _check_times(schedule: Schedule, result: SimResult) -> None:
     for r, row in enumerate(result.spans):
         for sp in row:
             for p in computes(sp.action):
-                key = ("F" if isinstance(p, F) else "B", stage_of(pp, r, p.chunk), p.mb)
+                kind = "F" if type(p) is F else ("W" if type(p) is W else "B")  # B or I: "B"
+                key = (kind, stage_of(pp, r, p.chunk), p.mb)
                 start[key] = (sp.start, r, sp.index)
                 end[key] = sp.end
     for (k, s, mb), (t, r, i) in start.items():
-        dep = ("F", s - 1, mb) if k == "F" else (("B", s + 1, mb) if s < n - 1 else ("F", s, mb))
+        if k == "W":
+            dep = ("B", s, mb)  # its own I
+        elif k == "F":
+            dep = ("F", s - 1, mb)
+        else:
+            dep = ("B", s + 1, mb) if s < n - 1 else ("F", s, mb)
         if dep in end and t < end[dep]:  # type: ignore[operator]
             raise schedule_error(
                 schedule, f"{schedule.ranks[r][i]} on rank {r} starts at time {t} but needs "

@@ -1,0 +1,126 @@
+"""Paddle 3.3.1's own flash-attention call forms on CPU with the plugin enabled
+(paddle.nn.functional.flash_attention.flash_attention / flash_attn_unpadded,
+as Paddle's test_flash_attention.py calls them) against numpy float64
+references: causal with seqlen_q > and < seqlen_k aligned top-left as Paddle's
+GPU kernel and CPU math path align it, padded and varlen (GQA), and every
+head_dim Paddle's CPU path takes, not only multiples of 8; forward and the
+grads of q, k, v within 1e-5 relative.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+
+import paddle_ext
+from paddle_ext import compat
+from tests.test_flash_attention import check, reference, rng
+
+pytestmark = pytest.mark.skipif(compat.paddle_version() < (3, 0, 0), reason="Paddle 3.x call forms")
+
+
+@pytest.fixture(scope="module")
+def paddle_fa():
+    import paddle.nn.functional.flash_attention as module
+
+    paddle_ext.enable()
+    try:
+        yield module
+    finally:
+        paddle_ext.disable()
+
+
+def leaf(a):
+    t = paddle.to_tensor(np.asarray(a, np.float32))
+    t.stop_gradient = False
+    return t
+
+
+def grad_floor(dout):
+    return 0.1 * np.linalg.norm(dout)  # as tests/test_flash_attention.py: grads of rows that see few keys
+
+
+@pytest.mark.parametrize("sq,sk", [(96, 40), (40, 96), (1, 33), (33, 1)])
+def test_padded_causal_is_top_left(paddle_fa, sq, sk):
+    g = rng(100 + sq + 3 * sk)
+    b, hq, hk, d = 2, 4, 2, 32
+    q, dout = g.standard_normal((b, sq, hq, d)), g.standard_normal((b, sq, hq, d))
+    k, v = g.standard_normal((b, sk, hk, d)), g.standard_normal((b, sk, hk, d))
+    qt, kt, vt = leaf(q), leaf(k), leaf(v)
+    out, softmax = paddle_fa.flash_attention(qt, kt, vt, dropout=0.0, causal=True, return_softmax=False)
+    assert softmax is None
+    dq, dk, dv = paddle.grad([out], [qt, kt, vt], [paddle.to_tensor(dout.astype(np.float32))])
+    refs = [reference(q[i], k[i], v[i], dout[i], d ** -0.5, True) for i in range(b)]
+    ref = [np.stack([r[j] for r in refs]) for j in range(5)]
+    check("out", out.numpy(), ref[0])
+    for name, got, r in (("dq", dq, ref[2]), ("dk", dk, ref[3]), ("dv", dv, ref[4])):
+        check(name, got.numpy(), r, floor=grad_floor(dout))
+
+
+def test_varlen_causal_is_top_left(paddle_fa):
+    # Paddle's GQA varlen test's shape family: sequences with more and with fewer queries than keys
+    g = rng(200)
+    lq, lk, hq, hk, d = [37, 5, 64, 1], [20, 9, 100, 4], 8, 2, 64
+    cq, ck = np.concatenate([[0], np.cumsum(lq)]), np.concatenate([[0], np.cumsum(lk)])
+    q, dout = g.standard_normal((cq[-1], hq, d)), g.standard_normal((cq[-1], hq, d))
+    k, v = g.standard_normal((ck[-1], hk, d)), g.standard_normal((ck[-1], hk, d))
+    qt, kt, vt = leaf(q), leaf(k), leaf(v)
+    cu_q, cu_k = (paddle.to_tensor(c.astype(np.int32)) for c in (cq, ck))
+    scale = d ** -0.5
+    out, _ = paddle_fa.flash_attn_unpadded(qt, kt, vt, cu_q, cu_k, max(lq), max(lk), scale, dropout=0.0,
+                                           causal=True, return_softmax=False)
+    dq, dk, dv = paddle.grad([out], [qt, kt, vt], [paddle.to_tensor(dout.astype(np.float32))])
+    ref = [np.zeros_like(q), None, np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)]
+    for i in range(len(lq)):
+        sq, sk = slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])
+        r = reference(q[sq], k[sk], v[sk], dout[sq], scale, True)
+        ref[0][sq], ref[2][sq], ref[3][sk], ref[4][sk] = r[0], r[2], r[3], r[4]
+    check("out", out.numpy(), ref[0])
+    for name, got, r in (("dq", dq, ref[2]), ("dk", dk, ref[3]), ("dv", dv, ref[4])):
+        check(name, got.numpy(), r, floor=grad_floor(dout))
+
+
+@pytest.mark.parametrize("d", [1, 7, 59, 111, 200, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_every_head_dim(paddle_fa, d, causal):
+    g = rng(300 + d + causal)
+    b, sq, sk, h = 1, 70, 45, 2
+    q, dout = g.standard_normal((b, sq, h, d)), g.standard_normal((b, sq, h, d))
+    k, v = g.standard_normal((b, sk, h, d)), g.standard_normal((b, sk, h, d))
+    qt, kt, vt = leaf(q), leaf(k), leaf(v)
+    out, _ = paddle_fa.flash_attention(qt, kt, vt, causal=causal)
+    dq, dk, dv = paddle.grad([out], [qt, kt, vt], [paddle.to_tensor(dout.astype(np.float32))])
+    r = reference(q[0], k[0], v[0], dout[0], d ** -0.5, causal)
+    check("out", out.numpy()[0], r[0])
+    # d = 1: a score is one product, so dq / dk are sums of nearly cancelling terms; a
+    # floor at the size of those terms (as for a single key in tests/test_flash_attention.py)
+    floor = grad_floor(dout) * (np.sqrt(sk) if d == 1 else 1.0)
+    for name, got, ref in (("dq", dq, r[2]), ("dk", dk, r[3]), ("dv", dv, r[4])):
+        check(name, got.numpy()[0], ref, floor=floor)
+
+
+@pytest.mark.parametrize("d", [7, 59])
+def test_head_dim_matches_paddles_own_cpu_path(paddle_fa, d):
+    stock_fn = paddle_fa.flash_attention.__wrapped__  # Paddle's own function (its CPU math path)
+    g = rng(400 + d)
+    q, k, v = (paddle.to_tensor(g.standard_normal((2, 30, 2, d)).astype(np.float32)) for _ in range(3))
+    stock, _ = stock_fn(q, k, v, causal=True)
+    ours, _ = paddle_fa.flash_attention(q, k, v, causal=True)
+    np.testing.assert_allclose(ours.numpy(), stock.numpy(), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_odd_head_dim_in_half_precision(paddle_fa, dtype):
+    g = rng(500)
+    q, k, v = (paddle.to_tensor(g.standard_normal((1, 40, 2, 59)).astype(np.float32)).astype(dtype)
+               for _ in range(3))
+    for t in (q, k, v):
+        t.stop_gradient = False
+    out, _ = paddle_fa.flash_attention(q, k, v, causal=True)
+    assert out.dtype == getattr(paddle, dtype) and out.shape == [1, 40, 2, 59]
+    dq, = paddle.grad([out.astype("float32").sum()], [q])
+    r = reference(*(t.astype("float32").numpy()[0] for t in (q, k, v, q)), 59 ** -0.5, True)
+    tol = 2e-3 if dtype == "float16" else 1.5e-2
+    check("out", out.astype("float32").numpy()[0], r[0], tol)
+    assert dq.dtype == getattr(paddle, dtype) and np.isfinite(dq.astype("float32").numpy()).all()
