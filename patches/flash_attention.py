@@ -98,7 +98,8 @@ def _flash_attn_qkvpacked(original):
     @functools.wraps(original)
     def flash_attn_qkvpacked(qkv, dropout=0.0, causal=False, return_softmax=False, *, fixed_seed_offset=None,
                              rng_name="", training=True, name=None):
-        if not _plugin_builds_static():
+        if not _plugin_builds_static() or dtype_name(qkv) not in PLUGIN_DTYPES:
+            # GPU builds' static programs, and float64 (Paddle's CPU math path takes it)
             return original(qkv, dropout, causal, return_softmax, fixed_seed_offset=fixed_seed_offset,
                             rng_name=rng_name, training=training, name=name)
         return packed.flash_attn_qkvpacked(qkv, dropout, causal, return_softmax, fixed_seed_offset=fixed_seed_offset,
@@ -190,7 +191,8 @@ UNIT = PatchUnit(
     name="flash_attention",
     upstream=(55758, 56015, 52902),
     title="FlashAttention-2 integration and flash randomness control",
-    summary="flash_attention / flash_attn_unpadded run a tiled FA2 kernel on CPU (and 3.x's signature on 2.6.2)",
+    summary=("flash_attention / flash_attn_unpadded / packed QKV run a tiled FA2 kernel on CPU, static "
+             "graphs too (and 3.x's signature on 2.6.2)"),
     apply=_apply,
     verify=_verify,
     unavailable=_unavailable,

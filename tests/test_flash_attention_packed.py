@@ -228,6 +228,22 @@ def test_paddles_names_route_to_the_plugin(enabled):
 
 
 @needs_packed_names
+def test_float64_qkvpacked_keeps_paddles_cpu_math_path(monkeypatch):
+    """The plugin's kernel takes no float64; Paddle's CPU fallback does: enabled, its bits."""
+    import paddle.nn.functional as F
+
+    monkeypatch.delenv("PADDLE_EXT_PATCHES", raising=False)
+    qkv = paddle.to_tensor(np.random.default_rng(6).standard_normal((1, 5, 3, 1, 8)))
+    paddle_ext.disable()
+    stock = F.flash_attn_qkvpacked(qkv)[0].numpy()
+    paddle_ext.enable()
+    try:
+        np.testing.assert_array_equal(F.flash_attn_qkvpacked(qkv)[0].numpy(), stock)
+    finally:
+        paddle_ext.disable()
+
+
+@needs_packed_names
 def test_disable_restores_paddles_functions(monkeypatch):
     import paddle.nn.functional as F
 
