@@ -185,16 +185,6 @@ def _lookup_and_grad(table, ids, out_grad, start, vocab):
     return out.numpy(), weight.grad.numpy()
 
 
-@pytest.fixture
-def clean_series(monkeypatch):
-    import paddle_ext
-
-    monkeypatch.delenv("PADDLE_EXT_PATCHES", raising=False)
-    paddle_ext.disable()
-    yield paddle_ext
-    paddle_ext.disable()
-
-
 def _sequential_reference(table, ids, out_grad, start):
     """Forward rows and Paddle's scatter-add, in the order of the ids from +0, in the table's dtype."""
     rows, width = table.shape

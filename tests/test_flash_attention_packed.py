@@ -189,15 +189,6 @@ def test_varlen_padded_rows_are_skipped_and_zero(dtype, causal):
 
 # ------------------------------------------------------ through Paddle's names
 
-@pytest.fixture
-def enabled(monkeypatch):
-    monkeypatch.delenv("PADDLE_EXT_PATCHES", raising=False)
-    paddle_ext.disable()
-    paddle_ext.enable()
-    yield
-    paddle_ext.disable()
-
-
 def _paddle_has(name):
     import paddle.nn.functional.flash_attention as module
 
@@ -209,7 +200,7 @@ needs_packed_names = pytest.mark.skipif(not _paddle_has("flash_attn_qkvpacked"),
 
 
 @needs_packed_names
-def test_paddles_names_route_to_the_plugin(enabled):
+def test_paddles_names_route_to_the_plugin(plugin_enabled):
     import paddle.nn.functional as F
     import paddle.nn.functional.flash_attention as module
 
@@ -228,27 +219,20 @@ def test_paddles_names_route_to_the_plugin(enabled):
 
 
 @needs_packed_names
-def test_float64_qkvpacked_keeps_paddles_cpu_math_path(monkeypatch):
+def test_float64_qkvpacked_keeps_paddles_cpu_math_path(clean_series):
     """The plugin's kernel takes no float64; Paddle's CPU fallback does: enabled, its bits."""
     import paddle.nn.functional as F
 
-    monkeypatch.delenv("PADDLE_EXT_PATCHES", raising=False)
     qkv = paddle.to_tensor(np.random.default_rng(6).standard_normal((1, 5, 3, 1, 8)))
-    paddle_ext.disable()
     stock = F.flash_attn_qkvpacked(qkv)[0].numpy()
-    paddle_ext.enable()
-    try:
-        np.testing.assert_array_equal(F.flash_attn_qkvpacked(qkv)[0].numpy(), stock)
-    finally:
-        paddle_ext.disable()
+    clean_series.enable()
+    np.testing.assert_array_equal(F.flash_attn_qkvpacked(qkv)[0].numpy(), stock)
 
 
 @needs_packed_names
-def test_disable_restores_paddles_functions(monkeypatch):
+def test_disable_restores_paddles_functions(clean_series):
     import paddle.nn.functional as F
 
-    monkeypatch.delenv("PADDLE_EXT_PATCHES", raising=False)
-    paddle_ext.disable()
     originals = (F.flash_attn_qkvpacked, F.flash_attn_varlen_qkvpacked)
     paddle_ext.enable()
     paddle_ext.disable()
@@ -316,7 +300,7 @@ def test_reduced_attention_scores_match_the_reference(dtype, sq, sk, heads, head
 
 @pytest.mark.skipif(not _paddle_has("calc_reduced_attention_scores"),
                     reason=f"Paddle {paddle.__version__} has no calc_reduced_attention_scores")
-def test_reduced_attention_scores_through_paddles_name(enabled):
+def test_reduced_attention_scores_through_paddles_name(plugin_enabled):
     import paddle.nn.functional.flash_attention as module
 
     from paddle_ext.ops import calc_reduced_attention_scores

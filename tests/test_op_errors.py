@@ -176,14 +176,6 @@ STOCK_REFUSED = {
 }
 
 
-@pytest.fixture
-def clean_series(monkeypatch):
-    monkeypatch.delenv("PADDLE_EXT_PATCHES", raising=False)
-    paddle_ext.disable()
-    yield
-    paddle_ext.disable()
-
-
 @pytest.mark.parametrize("case", sorted(STOCK_REFUSED))
 def test_plugin_raises_an_instance_of_what_stock_paddle_raises(case, clean_series):
     call = STOCK_REFUSED[case]

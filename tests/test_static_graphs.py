@@ -16,13 +16,9 @@ import paddle_ext.ops as ops
 
 
 @pytest.fixture
-def enabled(monkeypatch):
-    monkeypatch.delenv("PADDLE_EXT_PATCHES", raising=False)
-    paddle_ext.disable()
-    paddle_ext.enable()
+def enabled(plugin_enabled):
     yield
     paddle.disable_static()
-    paddle_ext.disable()
 
 
 def _fa():
