@@ -9,11 +9,18 @@ import pytest  # noqa: E402
 
 @pytest.fixture
 def clean_series(monkeypatch):
-    """The patch series reverted before and after the test, PADDLE_EXT_PATCHES unset
-    (modules that enable units use it through pytestmark)."""
+    """paddle_ext's patch series off before and after the test, PADDLE_EXT_PATCHES unset;
+    yields the paddle_ext module (its enable() turns the series on)."""
     import paddle_ext
 
     monkeypatch.delenv("PADDLE_EXT_PATCHES", raising=False)
     paddle_ext.disable()
-    yield
+    yield paddle_ext
     paddle_ext.disable()
+
+
+@pytest.fixture
+def plugin_enabled(clean_series):
+    """The whole patch series on for the test (off again afterwards)."""
+    clean_series.enable()
+    yield clean_series

@@ -7,8 +7,9 @@ from tests.multiproc.launch import launch
 pytestmark = pytest.mark.multiprocess
 
 
-def test_vocab_parallel_embedding_equals_full_table():
-    result = launch("vocab_parallel_embedding.py", "parity", nproc=2, timeout=150)
+@pytest.mark.parametrize("mode", ["parity", "parity-float64"])
+def test_vocab_parallel_embedding_equals_full_table(mode):
+    result = launch("vocab_parallel_embedding.py", mode, nproc=2, timeout=150)
     assert result.returncode == 0, result.describe()
     for rank in (0, 1):
         assert f"rank {rank}: vocab-parallel embedding matches the full table" in result.logs[rank]

@@ -1,7 +1,8 @@
 """Rank script: fleet's VocabParallelEmbedding with mp_degree=2 and paddle_ext enabled.
 
 mode "parity": every rank checks that the vocab-parallel lookup equals a
-full-table embedding and that its weight grad equals its slice of the full grad.
+full-table embedding and that its weight grad equals its slice of the full grad;
+"parity-float64" the same with a float64 table (stock CPU c_embedding takes it).
 mode "bad-id": rank 1 looks up an id >= vocab_size; the checked op must raise.
 """
 
@@ -22,9 +23,12 @@ def main(mode: str) -> None:
     fleet.init(is_collective=True, strategy=strategy)
     paddle_ext.enable()
     rank = paddle.distributed.get_rank()
+    dtype = "float64" if mode == "parity-float64" else "float32"
+    paddle.set_default_dtype(dtype)
 
-    full = np.random.default_rng(0).integers(-8, 8, size=(VOCAB, WIDTH)).astype("float32") / 4
+    full = np.random.default_rng(0).integers(-8, 8, size=(VOCAB, WIDTH)).astype(dtype) / 4
     emb = fleet.meta_parallel.VocabParallelEmbedding(VOCAB, WIDTH)
+    assert emb.weight.dtype == getattr(paddle, dtype), emb.weight.dtype
     rows = VOCAB // 2
     emb.weight.set_value(full[rank * rows:(rank + 1) * rows])
 
@@ -34,7 +38,7 @@ def main(mode: str) -> None:
     out = emb(paddle.to_tensor(ids))
     np.testing.assert_array_equal(out.numpy(), full[ids])
 
-    upstream = np.arange(ids.size * WIDTH, dtype="float32").reshape(*ids.shape, WIDTH) / 8
+    upstream = np.arange(ids.size * WIDTH, dtype=dtype).reshape(*ids.shape, WIDTH) / 8
     (out * paddle.to_tensor(upstream)).sum().backward()
     full_grad = np.zeros_like(full, dtype="float64")
     np.add.at(full_grad, ids, upstream.astype("float64"))

@@ -1,0 +1,151 @@
+"""Static graphs with the plugin enabled: a paddle.static program and a
+paddle.jit.to_static function that call Paddle's flash attention names
+(flash_attention, flash_attn_unpadded, flash_attn_qkvpacked,
+flash_attn_varlen_qkvpacked) and fused_rotary_position_embedding run on CPU
+(Paddle's own ops have no CPU kernel there) and give the dynamic results, bit for
+bit, forward and gradients."""
+
+from __future__ import annotations
+
+import numpy as np
+import paddle
+import pytest
+
+import paddle_ext
+import paddle_ext.ops as ops
+
+
+@pytest.fixture
+def enabled(plugin_enabled):
+    yield
+    paddle.disable_static()
+
+
+def _fa():
+    import paddle.nn.functional.flash_attention as module
+
+    return module
+
+
+def _rope(*args, **kwargs):
+    import paddle.incubate.nn.functional as functional
+
+    return functional.fused_rotary_position_embedding(*args, **kwargs)
+
+
+def _inputs():
+    rng = np.random.default_rng(42)
+    cu = np.array([0, 5, 5, 16, 24], np.int32)  # an empty sequence included
+    padded_cu = np.array([0, 5, 12], np.int32)  # varlen_padded: rows b * 8 .. b * 8 + len
+    return {
+        "q": rng.standard_normal((2, 24, 4, 32)).astype(np.float32),
+        "k": rng.standard_normal((2, 24, 2, 32)).astype(np.float32),
+        "v": rng.standard_normal((2, 24, 2, 32)).astype(np.float32),
+        "uq": rng.standard_normal((24, 4, 32)).astype(np.float32),
+        "uk": rng.standard_normal((24, 2, 32)).astype(np.float32),
+        "sin": np.sin(rng.uniform(-3, 3, (30, 32))).astype(np.float32),
+        "cos": np.cos(rng.uniform(-3, 3, (30, 32))).astype(np.float32),
+        "ids": rng.integers(0, 30, (2, 24)).astype(np.int64),
+        "cu": cu,
+        "qkv": rng.standard_normal((2, 24, 3, 2, 32)).astype(np.float32),
+        "rows": rng.standard_normal((16, 3, 2, 32)).astype(np.float32),
+        "padded_cu": padded_cu,
+    }
+
+
+LEAVES = ("q", "k", "v", "uq", "uk", "qkv", "rows")
+
+
+def _model(t):
+    """Every routed name once, each input into one op (so that no gradient is a sum
+    whose order the graph may change); returns the outputs and the loss."""
+    fa = _fa()
+    rq, rk, _ = _rope(t["q"], t["k"], sin=t["sin"], cos=t["cos"], position_ids=t["ids"],
+                      use_neox_rotary_style=False)
+    out_fa, _ = fa.flash_attention(rq, rk, t["v"], causal=True)
+    out_varlen, _ = fa.flash_attn_unpadded(t["uq"], t["uk"], t["uk"] * 0.5, t["cu"], t["cu"], 11, 11, 0.2,
+                                           causal=True)
+    # Paddle's packed names where the release has them (3.x), else the plugin's (2.6.2)
+    qkvpacked = getattr(fa, "flash_attn_qkvpacked", ops.flash_attn_qkvpacked)
+    varlen_qkvpacked = getattr(fa, "flash_attn_varlen_qkvpacked", ops.flash_attn_varlen_qkvpacked)
+    out_packed, _ = qkvpacked(t["qkv"], causal=True)
+    out_vpacked, _ = varlen_qkvpacked(t["rows"], t["padded_cu"], t["padded_cu"], 8, 8, 0.3,
+                                                    causal=False)
+    outs = [out_fa, out_varlen, out_packed, out_vpacked]
+    loss = sum((o * o).mean() for o in outs)
+    return outs, loss
+
+
+def _dynamic(data):
+    t = {name: paddle.to_tensor(value) for name, value in data.items()}
+    for name in LEAVES:
+        t[name].stop_gradient = False
+    outs, loss = _model(t)
+    grads = paddle.grad([loss], [t[name] for name in LEAVES])
+    return [o.numpy() for o in outs], [g.numpy() for g in grads]
+
+
+def test_static_program_runs_the_plugin_ops_and_equals_dynamic(enabled):
+    data = _inputs()
+    want_outs, want_grads = _dynamic(data)
+    paddle.enable_static()
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        t = {name: paddle.static.data(name, list(value.shape), str(value.dtype)) for name, value in data.items()}
+        for name in LEAVES:
+            t[name].stop_gradient = False
+        outs, loss = _model(t)
+        grads = paddle.static.gradients([loss], [t[name] for name in LEAVES])
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    exe.run(startup)
+    got = exe.run(main, feed=data, fetch_list=[*outs, *grads])
+    names = ("flash_attention", "flash_attn_unpadded", "flash_attn_qkvpacked", "flash_attn_varlen_qkvpacked",
+             *(f"d{name}" for name in LEAVES))
+    for name, a, b in zip(names, got, want_outs + want_grads):
+        np.testing.assert_array_equal(a, b, err_msg=name)
+    assert not got[3][5:8].any() and not got[3][15:].any() and got[3][8:15].all()  # padding rows: zeros
+
+
+def test_to_static_function_equals_dynamic(enabled):
+    data = _inputs()
+    want_outs, want_grads = _dynamic(data)
+
+    @paddle.jit.to_static(full_graph=True)
+    def run(t):
+        return _model(t)
+
+    t = {name: paddle.to_tensor(value) for name, value in data.items()}
+    for name in LEAVES:
+        t[name].stop_gradient = False
+    outs, loss = run(t)
+    loss.backward()
+    for name, a, b in zip(("flash_attention", "flash_attn_unpadded", "flash_attn_qkvpacked",
+                           "flash_attn_varlen_qkvpacked"), outs, want_outs):
+        np.testing.assert_array_equal(a.numpy(), b, err_msg=name)
+    for name, want in zip(LEAVES, want_grads):
+        np.testing.assert_array_equal(t[name].grad.numpy(), want, err_msg=f"d{name}")
+
+
+def _static_float64_attention(q):
+    main, startup = paddle.static.Program(), paddle.static.Program()
+    with paddle.static.program_guard(main, startup):
+        x = paddle.static.data("x", list(q.shape), "float64")
+        out, _ = _fa().flash_attention(x, x, x)
+    exe = paddle.static.Executor(paddle.CPUPlace())
+    exe.run(startup)
+    return exe.run(main, feed={"x": q}, fetch_list=[out])[0]
+
+
+def test_static_float64_flash_attention_keeps_paddles_math_path(enabled):
+    """The plugin's kernel takes no float64; Paddle's CPU math path does, in static programs
+    too: enabled, the program gives stock Paddle's bits."""
+    q = np.random.default_rng(3).standard_normal((1, 6, 2, 8))
+    paddle.enable_static()
+    got = _static_float64_attention(q)
+    paddle_ext.disable()
+    stock = _static_float64_attention(q)
+    np.testing.assert_array_equal(got, stock)
+    s = np.einsum("bihd,bjhd->bhij", q, q) / np.sqrt(8)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    want = np.einsum("bhij,bjhd->bihd", p / p.sum(-1, keepdims=True), q)
+    np.testing.assert_allclose(got, want, rtol=1e-6)
