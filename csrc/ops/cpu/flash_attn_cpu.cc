@@ -58,7 +58,8 @@ constexpr int64_t kBlockK = 256;  // keys per inner step (a multiple of kPanel a
 constexpr int64_t kPanel = 16;    // columns of a packed K^T / V^T panel
 static_assert(kBlockQ % 6 == 0 && kBlockK % 32 == 0, "block sizes");
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
+constexpr double kLog2ed = 1.4426950408889634;
+constexpr double kLn2d = 0.6931471805599453;
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
