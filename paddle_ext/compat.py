@@ -378,3 +378,56 @@ def hybrid_communicate_group_class():
     from paddle.distributed.fleet.base.topology import HybridCommunicateGroup
 
     return HybridCommunicateGroup
+
+
+# --- static graphs (the ops' custom ops in paddle.static / to_static programs) ----------
+
+def in_pir_mode() -> bool:
+    """Whether a static program is being built in PIR (3.x's default; 2.6 has none)."""
+    import paddle
+
+    fn = getattr(getattr(paddle, "framework", None), "in_pir_mode", None)
+    return bool(fn()) if fn is not None else False
+
+
+def is_tensor(value: Any) -> bool:
+    """A paddle.Tensor, or a static program's variable (a legacy Variable or a PIR
+    Value): what an op function may take in each mode."""
+    import paddle
+
+    if isinstance(value, paddle.Tensor):
+        return True
+    from paddle.base.framework import Variable
+
+    if isinstance(value, Variable):
+        return True
+    value_class = getattr(getattr(paddle, "pir", None), "Value", None)
+    return value_class is not None and isinstance(value, value_class)
+
+
+def _append_custom_op(op_name: str, args: tuple) -> list:
+    """A custom op appended to the legacy static program being built (2.6, or 3.x
+    with FLAGS_enable_pir_api off), as Paddle's generated op functions do: inputs
+    and attributes by the names the op registered; None leaves an optional input out."""
+    from paddle.base.layer_helper import LayerHelper
+    from paddle.utils.cpp_extension.extension_utils import parse_op_info
+
+    in_names, attr_names, out_names = parse_op_info(op_name)
+    if len(args) != len(in_names) + len(attr_names):
+        raise TypeError(f"{op_name} takes {len(in_names)} inputs and {len(attr_names)} attributes, "
+                        f"got {len(args)} arguments")
+    inputs = {name: arg for name, arg in zip(in_names, args) if arg is not None}
+    attrs = dict(zip(attr_names, args[len(in_names):]))
+    helper = LayerHelper(op_name)
+    # The dtype is a placeholder: the op's InferDtype sets each output's when appended.
+    outputs = {name: helper.create_variable(dtype="float32") for name in out_names}
+    helper.append_op(type=op_name, inputs=inputs, outputs=outputs, attrs=attrs)
+    return [outputs[name] for name in out_names]
+
+
+def run_custom_op_any_mode(op_name: str, *args: Any) -> list:
+    """run_custom_op in every mode: eagerly, into a PIR program (3.x's runner takes
+    PIR values as its generated op functions do) or into a legacy static program."""
+    if in_dynamic_mode() or in_pir_mode():
+        return run_custom_op(op_name, *args)
+    return _append_custom_op(op_name, args)

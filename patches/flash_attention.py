@@ -10,8 +10,14 @@ CPU kernel at all, and 2.6.2's flash_attention lacks 3.x's softmax_scale.
 This unit points both names of that module at paddle_ext.ops.flash_attention
 (tiled CPU kernel, CUDA / HIP kernels, Paddle's native GPU kernel where it
 takes the call; 3.3.1's signatures, GPU semantics: return_softmax gives the
-probabilities with dropped entries negated) in dynamic mode; static-graph
-programs keep Paddle's own functions.
+probabilities with dropped entries negated), and 3.x's packed-QKV names
+flash_attn_qkvpacked / flash_attn_varlen_qkvpacked (module and
+paddle.nn.functional; no CPU kernel in Paddle) at
+paddle_ext.ops.flash_attention_packed and calc_reduced_attention_scores at
+paddle_ext.ops.attention_scores, where the release has them. On CPU builds
+static graphs (paddle.static, to_static) get the plugin's custom ops as well:
+Paddle's flash_attn / flash_attn_unpadded / packed ops have no CPU kernel;
+GPU builds keep Paddle's ops in static programs.
 
 Code that imported the functions before enable() (`from
 paddle.nn.functional.flash_attention import flash_attention`) keeps the object
@@ -25,17 +31,29 @@ import importlib
 
 from paddle_ext import compat
 from paddle_ext.ops import _library
+from paddle_ext.ops import flash_attention_packed as packed
+from paddle_ext.ops.attention_scores import calc_reduced_attention_scores as plugin_reduced_scores
 from paddle_ext.ops.flash_attention import flash_attention as plugin_flash_attention
 from paddle_ext.ops.flash_attention import flash_attn_unpadded as plugin_flash_attn_unpadded
 from paddle_ext.patches._unit import Patcher, PatchUnit
 
 MODULE = "paddle.nn.functional.flash_attention"
 NAMES = ("flash_attention", "flash_attn_unpadded")
+# 3.x names, patched where the release defines them (2.6.2 has none).
+PACKED_NAMES = ("flash_attn_qkvpacked", "flash_attn_varlen_qkvpacked", "calc_reduced_attention_scores")
+PACKAGE = "paddle.nn.functional"
 OPS = ("pe_flash_attn", "pe_flash_attn_varlen")
 
 
 def owner():
     return importlib.import_module(MODULE)
+
+
+def _plugin_builds_static() -> bool:
+    """Whether the plugin's ops serve Paddle's names: always in dynamic mode; in
+    static graphs on CPU builds, where Paddle's flash attention ops have no kernel
+    (GPU builds keep Paddle's ops in static programs: its kernels answer there)."""
+    return compat.in_dynamic_mode() or compat.device_build() == "cpu"
 
 
 def _flash_attention_3x(original):
@@ -46,8 +64,12 @@ def _flash_attention_3x(original):
             return plugin_flash_attention(query, key, value, dropout, causal, return_softmax,
                                           fixed_seed_offset=fixed_seed_offset, rng_name=rng_name,
                                           training=training, name=name, softmax_scale=softmax_scale)
-        # Static graphs: Paddle's function; softmax_scale only when set, so that
-        # a release without it (2.6) fails only for a program that uses it.
+        if _plugin_builds_static():
+            return plugin_flash_attention(query, key, value, dropout, causal, return_softmax,
+                                          fixed_seed_offset=fixed_seed_offset, rng_name=rng_name,
+                                          training=training, name=name, softmax_scale=softmax_scale)
+        # Static graphs on GPU builds: Paddle's function; softmax_scale only when
+        # set, so that a release without it (2.6) fails only for a program that uses it.
         extra = {} if softmax_scale is None else {"softmax_scale": softmax_scale}
         return original(query, key, value, dropout, causal, return_softmax, fixed_seed_offset=fixed_seed_offset,
                         rng_name=rng_name, training=training, name=name, **extra)
@@ -61,7 +83,7 @@ def _flash_attn_unpadded(original):
     def flash_attn_unpadded(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                             dropout=0.0, causal=False, return_softmax=False, fixed_seed_offset=None, rng_name="",
                             training=True, name=None):
-        fn = plugin_flash_attn_unpadded if compat.in_dynamic_mode() else original
+        fn = plugin_flash_attn_unpadded if _plugin_builds_static() else original
         return fn(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, dropout,
                   causal, return_softmax, fixed_seed_offset, rng_name, training, name)
 
@@ -69,15 +91,77 @@ def _flash_attn_unpadded(original):
     return flash_attn_unpadded
 
 
+def _flash_attn_qkvpacked(original):
+    @functools.wraps(original)
+    def flash_attn_qkvpacked(qkv, dropout=0.0, causal=False, return_softmax=False, *, fixed_seed_offset=None,
+                             rng_name="", training=True, name=None):
+        if not _plugin_builds_static():
+            return original(qkv, dropout, causal, return_softmax, fixed_seed_offset=fixed_seed_offset,
+                            rng_name=rng_name, training=training, name=name)
+        return packed.flash_attn_qkvpacked(qkv, dropout, causal, return_softmax, fixed_seed_offset=fixed_seed_offset,
+                                           rng_name=rng_name, training=training, name=name)
+
+    flash_attn_qkvpacked.__paddle_ext_unit__ = "flash_attention"
+    return flash_attn_qkvpacked
+
+
+def _flash_attn_varlen_qkvpacked(original):
+    @functools.wraps(original)
+    def flash_attn_varlen_qkvpacked(qkv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
+                                    dropout=0.0, causal=False, return_softmax=False, fixed_seed_offset=None,
+                                    rng_name="", varlen_padded=True, training=True, name=None):
+        fn = packed.flash_attn_varlen_qkvpacked if _plugin_builds_static() else original
+        return fn(qkv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, dropout, causal,
+                  return_softmax, fixed_seed_offset, rng_name, varlen_padded, training, name)
+
+    flash_attn_varlen_qkvpacked.__paddle_ext_unit__ = "flash_attention"
+    return flash_attn_varlen_qkvpacked
+
+
+def _calc_reduced_attention_scores(original):
+    @functools.wraps(original)
+    def calc_reduced_attention_scores(query, key, softmax_lse):
+        fn = plugin_reduced_scores if _plugin_builds_static() else original
+        return fn(query, key, softmax_lse)
+
+    calc_reduced_attention_scores.__paddle_ext_unit__ = "flash_attention"
+    return calc_reduced_attention_scores
+
+
+_PACKED_WRAPPERS = {"flash_attn_qkvpacked": _flash_attn_qkvpacked,
+                    "flash_attn_varlen_qkvpacked": _flash_attn_varlen_qkvpacked,
+                    "calc_reduced_attention_scores": _calc_reduced_attention_scores}
+
+
+def packed_owners() -> list:
+    """(module, name) for each of PACKED_NAMES this release defines: in the
+    flash_attention module, and in paddle.nn.functional where it re-exports it."""
+    module = owner()
+    package = importlib.import_module(PACKAGE)
+    found = []
+    for name in PACKED_NAMES:
+        if hasattr(module, name):
+            found.append((module, name))
+            if getattr(package, name, None) is getattr(module, name):
+                found.append((package, name))
+    return found
+
+
 def _apply(patcher: Patcher) -> None:
     module = owner()
     patcher.swap(module, "flash_attention", _flash_attention_3x(module.flash_attention))
     patcher.swap(module, "flash_attn_unpadded", _flash_attn_unpadded(module.flash_attn_unpadded))
+    wrappers = {}  # one wrapper per name for both owners
+    for target, name in packed_owners():
+        if name not in wrappers:
+            wrappers[name] = _PACKED_WRAPPERS[name](getattr(target, name))
+        patcher.swap(target, name, wrappers[name])
 
 
 def _verify() -> bool:
     module = owner()
-    return all(getattr(getattr(module, n), "__paddle_ext_unit__", None) == "flash_attention" for n in NAMES)
+    targets = [(module, n) for n in NAMES] + packed_owners()
+    return all(getattr(getattr(t, n), "__paddle_ext_unit__", None) == "flash_attention" for t, n in targets)
 
 
 def _unavailable() -> str | None:

@@ -6,8 +6,9 @@ with GPU (and later XPU) kernels only: on CPU every release fails with "kernel
 fused_rotary_position_embedding is not registered", and 2.6.2's function lacks
 the 3.x arguments time_major and rotary_emb_base. This unit points Paddle's
 function name at paddle_ext.ops.fused_rotary_position_embedding (CPU, CUDA and
-HIP kernels, 3.3.1's signature and semantics) in dynamic mode; static-graph
-programs keep Paddle's own op.
+HIP kernels, 3.3.1's signature and semantics), in dynamic mode and in static
+graphs (paddle.static, to_static: the plugin's custom op, since Paddle's op has
+no CPU kernel there either).
 
 Code that imported the function before enable() (`from
 paddle.incubate.nn.functional import fused_rotary_position_embedding`) keeps
@@ -20,7 +21,6 @@ import functools
 import importlib
 import sys
 
-from paddle_ext import compat
 from paddle_ext.ops import _library
 from paddle_ext.ops.rotary import fused_rotary_position_embedding
 from paddle_ext.patches._unit import Patcher, PatchUnit
@@ -43,19 +43,10 @@ def _with_3x_signature(original):
     def fused_rotary_position_embedding_3x(q, k=None, v=None, sin=None, cos=None, position_ids=None,
                                            use_neox_rotary_style=True, time_major=False,
                                            rotary_emb_base=10000.0):
-        if compat.in_dynamic_mode():
-            return fused_rotary_position_embedding(
-                q, k, v, sin=sin, cos=cos, position_ids=position_ids,
-                use_neox_rotary_style=use_neox_rotary_style, time_major=time_major,
-                rotary_emb_base=rotary_emb_base)
-        # Static graphs: Paddle's op. The 3.x arguments are passed only when
-        # set, so a release without them fails only for a program that uses them.
-        extra = {}
-        if time_major:
-            extra["time_major"] = time_major
-        if rotary_emb_base != 10000.0:
-            extra["rotary_emb_base"] = rotary_emb_base
-        return original(q, k, v, sin, cos, position_ids, use_neox_rotary_style, **extra)
+        return fused_rotary_position_embedding(
+            q, k, v, sin=sin, cos=cos, position_ids=position_ids,
+            use_neox_rotary_style=use_neox_rotary_style, time_major=time_major,
+            rotary_emb_base=rotary_emb_base)
 
     fused_rotary_position_embedding_3x.__paddle_ext_unit__ = "fused_rotary"
     return fused_rotary_position_embedding_3x

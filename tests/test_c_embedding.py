@@ -163,3 +163,122 @@ def test_inputs_are_not_modified():
 def test_set_num_threads_rejects_bad_values():
     with pytest.raises(ValueError, match="n must be an int >= 1, got 0"):
         ops.set_num_threads(0)
+
+
+# ------------------------------------------- every dtype Paddle's kernels take
+
+def _table(rng, shape, dtype):
+    values = rng.standard_normal(shape) / 3  # all 53 bits in use for float64
+    if dtype.startswith("complex"):
+        values = values + 1j * rng.standard_normal(shape) / 7
+    return values.astype(dtype)
+
+
+def _lookup_and_grad(table, ids, out_grad, start, vocab):
+    """Through fleet's name, mp_ops._c_lookup_table (patched or stock)."""
+    from paddle_ext import compat
+
+    weight = paddle.to_tensor(table, stop_gradient=False)
+    out = compat.mp_ops_module()._c_lookup_table(weight, paddle.to_tensor(ids), start_index=start,
+                                                 vocab_size=vocab)
+    out.backward(paddle.to_tensor(out_grad))
+    return out.numpy(), weight.grad.numpy()
+
+
+@pytest.fixture
+def clean_series(monkeypatch):
+    import paddle_ext
+
+    monkeypatch.delenv("PADDLE_EXT_PATCHES", raising=False)
+    paddle_ext.disable()
+    yield paddle_ext
+    paddle_ext.disable()
+
+
+def _sequential_reference(table, ids, out_grad, start):
+    """Forward rows and Paddle's scatter-add, in the order of the ids from +0, in the table's dtype."""
+    rows, width = table.shape
+    local = ids.reshape(-1) - start
+    out = np.zeros((local.size, width), table.dtype)
+    grad = np.zeros_like(table)
+    for i, row in enumerate(local):
+        if 0 <= row < rows:
+            out[i] = table[row]
+            grad[row] += out_grad.reshape(-1, width)[i]
+    return out.reshape(ids.shape + (width,)), grad
+
+
+@pytest.mark.parametrize("dtype", ["float64", "complex64", "complex128", "float32"])
+def test_lookup_table_equals_stock_paddle_bit_for_bit(dtype, clean_series):
+    """Stock CPU c_embedding takes these dtypes; enabled, fleet's lookup gives the same bits,
+    forward and table gradient (duplicates included: both sum in the ids' order from +0).
+
+    Stock Paddle 3.3.1's CPU grad kernel zeroes only numel * 4 bytes of the table gradient
+    (`w.numel() * sizeof(w_grad->dtype())`, the size of the DataType enum, not of the
+    element): for 8- and 16-byte dtypes the rest of its result is whatever the allocator
+    held. So its gradient is compared where it zeroed it, the ids hitting rows there, and
+    the plugin's (zeros elsewhere, as Paddle's GPU kernel gives) against the reference.
+    """
+    rng = np.random.default_rng(11)
+    table = _table(rng, (12, 6), dtype)
+    ids = np.array([[3, 3, 17, 5], [5, 4, 3, 14]], dtype="int64")  # rows 0, 0, -, 2 / 2, 1, 0, 11
+    out_grad = _table(rng, ids.shape + (6,), dtype)
+    out_grad[1, 1, :2] = -0.0  # row 1's only gradient: Paddle's sum from +0 gives +0, not -0
+    stock = _lookup_and_grad(table, ids, out_grad, 3, 20)
+    clean_series.enable()
+    ours = _lookup_and_grad(table, ids, out_grad, 3, 20)
+    assert not np.signbit(ours[1][1, :2].real).any()
+    zeroed = table.size * 4  # bytes of the gradient stock Paddle zeroes
+    assert ours[0].dtype == stock[0].dtype == ours[1].dtype == stock[1].dtype == np.dtype(dtype)
+    assert ours[0].tobytes() == stock[0].tobytes()
+    assert ours[1].tobytes()[:zeroed] == stock[1].tobytes()[:zeroed]
+    want_out, want_grad = _sequential_reference(table, ids, out_grad, 3)
+    assert ours[0].tobytes() == want_out.tobytes()
+    assert ours[1].tobytes() == want_grad.tobytes()
+
+
+def test_float16_lookup_equals_stock_paddle(clean_series):
+    """Forward only: stock Paddle's float16 CPU grad kernel memsets numel * 4 bytes of a
+    numel * 2-byte buffer (see above), past its end, so it is not run here."""
+    rng = np.random.default_rng(12)
+    table = _table(rng, (9, 6), "float16")
+    ids = paddle.to_tensor(np.array([[3, 3, 17, 5], [5, 9, 3, 11]], dtype="int64"))
+    lookup = lambda: compat_lookup()(paddle.to_tensor(table), ids, start_index=3, vocab_size=20)  # noqa: E731
+    stock = lookup().numpy()
+    clean_series.enable()
+    ours = lookup().numpy()
+    assert ours.dtype == np.float16 and ours.tobytes() == stock.tobytes()
+
+
+def compat_lookup():
+    from paddle_ext import compat
+
+    return compat.mp_ops_module()._c_lookup_table
+
+
+@pytest.mark.parametrize("dtype", ["float64", "complex64", "complex128", "bfloat16", "float16"])
+def test_out_of_range_id_raises_for_every_dtype(dtype):
+    weight = paddle.zeros([5, 2], dtype=dtype)
+    ids = paddle.to_tensor(np.array([[1, 2], [10, 0]], dtype="int64"))
+    with pytest.raises(IndexError, match=r"ids\[1, 0\] = 10 is out of range.*\[0, 10\)"):
+        ops.c_embedding(weight, ids, start_index=0, vocab_size=10)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "complex128"])
+def test_wide_dtypes_threaded_path_matches_reference(dtype):
+    rng = np.random.default_rng(4)
+    table = _table(rng, (1500, 9), dtype)
+    ids = rng.integers(0, 3000, size=(5000,)).astype("int64")
+    out_grad = _table(rng, (5000, 9), dtype)
+    weight = paddle.to_tensor(table, stop_gradient=False)
+    out = ops.c_embedding(weight, paddle.to_tensor(ids), start_index=1000, vocab_size=3000)
+    out.backward(paddle.to_tensor(out_grad))
+    local = ids - 1000
+    inside = (local >= 0) & (local < 1500)
+    want = np.zeros((5000, 9), dtype)
+    want[inside] = table[local[inside]]
+    np.testing.assert_array_equal(out.numpy(), want)
+    grad = np.zeros((1500, 9), dtype)
+    for i in np.nonzero(inside)[0]:  # sequential, in the order of the ids
+        grad[local[i]] += out_grad[i]
+    np.testing.assert_array_equal(weight.grad.numpy(), grad)

@@ -7,6 +7,12 @@
 // vocabulary id start + r; ids in [start, start + rows) take that row, all
 // other ids give zeros. The check: with vocab_size > 0 every id must lie in
 // [0, vocab_size).
+//
+// Tables: every dtype Paddle's c_embedding kernels take (float32, float64,
+// float16, bfloat16, complex64, complex128). The forward copies raw row bytes,
+// so it needs only the row size; the backward sums, in the precision GradKind
+// names. A complex table is passed to the backward as its real kind with twice
+// the width: complex addition is componentwise, so the sums are the same bits.
 #pragma once
 
 #include <cstdint>
@@ -14,6 +20,15 @@
 #include "common/half.h"
 
 namespace paddle_ext::c_embedding {
+
+// What the backward sums in: float32 and float64 in their own precision,
+// float16 and bfloat16 in float32 (rounded once per row).
+enum class GradKind { kFloat32, kFloat16, kBFloat16, kFloat64 };
+
+// Bytes of one element of `kind`.
+PADDLE_EXT_HOST_DEVICE inline int64_t grad_element_bytes(GradKind kind) {
+  return kind == GradKind::kFloat64 ? 8 : kind == GradKind::kFloat32 ? 4 : 2;
+}
 
 struct BadId {
   int64_t position = -1;  // -1: all ids in range
@@ -29,10 +44,11 @@ void forward_cpu(const char* table, int64_t rows, int64_t row_bytes, const IdT* 
                  int64_t start, char* out);
 
 // table_grad = zeros, then table_grad[ids[i] - start, :] += out_grad[i, :] for
-// in-range ids, summed in float32 in the order of i (so float32 results equal a
-// sequential scatter-add), written once per row.
+// in-range ids, summed from +0 in the order of i (so float32 and float64 results
+// equal Paddle's sequential scatter-add, bit for bit), written once per row.
+// width counts elements of `kind` (twice the columns of a complex table).
 template <typename IdT>
-void backward_cpu(FloatKind kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
+void backward_cpu(GradKind kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
                   int64_t width, int64_t start, void* table_grad);
 
 #if defined(PADDLE_EXT_WITH_GPU)
@@ -46,7 +62,7 @@ void forward_gpu(const char* table, int64_t rows, int64_t row_bytes, const IdT* 
                  int64_t start, char* out, void* stream);
 
 template <typename IdT>
-void backward_gpu(FloatKind kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
+void backward_gpu(GradKind kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
                   int64_t width, int64_t start, void* table_grad, void* stream);
 #endif
 

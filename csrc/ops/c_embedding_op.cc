@@ -8,19 +8,32 @@
 
 namespace {
 
-using paddle_ext::FloatKind;
 using paddle_ext::c_embedding::BadId;
+using paddle_ext::c_embedding::GradKind;
 
-FloatKind float_kind(const paddle::Tensor& t) {
+// How the backward sums a table of this dtype: its kind and how many of its
+// elements make one table entry (2 for complex: real and imaginary parts).
+struct GradLayout {
+  GradKind kind;
+  int64_t elements_per_entry;
+};
+
+GradLayout grad_layout(const paddle::Tensor& t) {
   switch (t.dtype()) {
     case paddle::DataType::FLOAT32:
-      return FloatKind::kFloat32;
+      return {GradKind::kFloat32, 1};
     case paddle::DataType::FLOAT16:
-      return FloatKind::kFloat16;
+      return {GradKind::kFloat16, 1};
     case paddle::DataType::BFLOAT16:
-      return FloatKind::kBFloat16;
+      return {GradKind::kBFloat16, 1};
+    case paddle::DataType::FLOAT64:
+      return {GradKind::kFloat64, 1};
+    case paddle::DataType::COMPLEX64:
+      return {GradKind::kFloat32, 2};
+    case paddle::DataType::COMPLEX128:
+      return {GradKind::kFloat64, 2};
     default:
-      PD_THROW("pe_c_embedding: weight dtype must be float32, float16 or bfloat16");
+      PD_THROW("pe_c_embedding: weight dtype must be float32, float64, float16, bfloat16, complex64 or complex128");
   }
 }
 
@@ -49,7 +62,7 @@ std::vector<paddle::Tensor> CEmbeddingForward(const paddle::Tensor& weight, cons
   PD_CHECK(weight.shape().size() == 2, "pe_c_embedding: weight must be 2-D");
   PD_CHECK(ids.dtype() == paddle::DataType::INT32 || ids.dtype() == paddle::DataType::INT64,
            "pe_c_embedding: ids must be int32 or int64");
-  float_kind(weight);
+  grad_layout(weight);
   check_ids(ids, vocab_size);
 
   const int64_t rows = weight.shape()[0];
@@ -89,9 +102,10 @@ std::vector<paddle::Tensor> CEmbeddingForward(const paddle::Tensor& weight, cons
 std::vector<paddle::Tensor> CEmbeddingBackward(const paddle::Tensor& weight, const paddle::Tensor& ids,
                                                const paddle::Tensor& out_grad, int64_t start_index,
                                                int64_t vocab_size) {
-  const FloatKind kind = float_kind(weight);
+  const GradLayout layout = grad_layout(weight);
+  const GradKind kind = layout.kind;
   const int64_t rows = weight.shape()[0];
-  const int64_t width = weight.shape()[1];
+  const int64_t width = weight.shape()[1] * layout.elements_per_entry;
   const int64_t n = ids.numel();
   auto grad = paddle::empty(weight.shape(), weight.dtype(), weight.place());
   const bool is64 = ids.dtype() == paddle::DataType::INT64;

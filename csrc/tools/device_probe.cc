@@ -4,7 +4,7 @@
 //    and exits 0;
 //  - with devices, prints their names and checks the c_embedding GPU kernels
 //    against the CPU kernels on device 0 (bytes must match exactly: forward
-//    copies, backward sums in float32 in the same order), exit 1 on a mismatch.
+//    copies, backward sums in the same order and precision), exit 1 on a mismatch.
 //
 // Built by ci/cuda-compile.sh (nvcc, links cudart) and ci/rocm-compile.sh
 // (g++ -D__HIP_PLATFORM_AMD__, links amdhip64) with the objects of
@@ -22,7 +22,6 @@
 
 namespace ce = paddle_ext::c_embedding;
 namespace gpu = paddle_ext::gpu;
-using paddle_ext::FloatKind;
 
 namespace {
 
@@ -64,30 +63,37 @@ void expect(bool ok, const std::string& what) {
   if (!ok) ++failures;
 }
 
-int64_t element_bytes(FloatKind kind) { return kind == FloatKind::kFloat32 ? 4 : 2; }
+using ce::GradKind;
 
-const char* kind_name(FloatKind kind) {
+int64_t element_bytes(GradKind kind) { return ce::grad_element_bytes(kind); }
+
+const char* kind_name(GradKind kind) {
   switch (kind) {
-    case FloatKind::kFloat32:
+    case GradKind::kFloat32:
       return "float32";
-    case FloatKind::kFloat16:
+    case GradKind::kFloat16:
       return "float16";
-    case FloatKind::kBFloat16:
+    case GradKind::kBFloat16:
       return "bfloat16";
+    case GradKind::kFloat64:
+      return "float64";
   }
   return "?";
 }
 
 // Random values in the element type's bit pattern.
-std::vector<char> random_values(FloatKind kind, int64_t count, std::mt19937_64& rng) {
+std::vector<char> random_values(GradKind kind, int64_t count, std::mt19937_64& rng) {
   std::uniform_real_distribution<float> dist(-2.f, 2.f);
   std::vector<char> bytes(count * element_bytes(kind));
   for (int64_t i = 0; i < count; ++i) {
     const float v = dist(rng);
-    if (kind == FloatKind::kFloat32) {
+    if (kind == GradKind::kFloat64) {
+      const double d = static_cast<double>(v) / 3.0;  // all 53 bits in use
+      std::memcpy(bytes.data() + 8 * i, &d, 8);
+    } else if (kind == GradKind::kFloat32) {
       std::memcpy(bytes.data() + 4 * i, &v, 4);
     } else {
-      const uint16_t h = kind == FloatKind::kFloat16 ? paddle_ext::float_to_fp16(v) : paddle_ext::float_to_bf16(v);
+      const uint16_t h = kind == GradKind::kFloat16 ? paddle_ext::float_to_fp16(v) : paddle_ext::float_to_bf16(v);
       std::memcpy(bytes.data() + 2 * i, &h, 2);
     }
   }
@@ -95,7 +101,7 @@ std::vector<char> random_values(FloatKind kind, int64_t count, std::mt19937_64& 
 }
 
 template <typename IdT>
-void check_case(FloatKind kind, int64_t rows, int64_t width, int64_t start, int64_t vocab, int64_t n,
+void check_case(GradKind kind, int64_t rows, int64_t width, int64_t start, int64_t vocab, int64_t n,
                 std::mt19937_64& rng) {
   const std::string name = std::string(kind_name(kind)) + (sizeof(IdT) == 8 ? " int64" : " int32") +
                            " rows=" + std::to_string(rows) + " width=" + std::to_string(width) +
@@ -137,13 +143,13 @@ void check_case(FloatKind kind, int64_t rows, int64_t width, int64_t start, int6
 
 int run_checks() {
   std::mt19937_64 rng(20240605);
-  for (FloatKind kind : {FloatKind::kFloat32, FloatKind::kFloat16, FloatKind::kBFloat16}) {
+  for (GradKind kind : {GradKind::kFloat32, GradKind::kFloat16, GradKind::kBFloat16, GradKind::kFloat64}) {
     check_case<int64_t>(kind, 37, 8, 5, 60, 1000, rng);
     check_case<int32_t>(kind, 37, 3, 0, 37, 1000, rng);  // odd row bytes, whole vocabulary
   }
   // Several sort tiles and three radix passes (70000 rows: 17 key bits).
-  check_case<int64_t>(FloatKind::kFloat32, 70000, 5, 1000, 140000, 6161, rng);
-  check_case<int32_t>(FloatKind::kBFloat16, 300, 130, 7, 400, 20000, rng);
+  check_case<int64_t>(GradKind::kFloat32, 70000, 5, 1000, 140000, 6161, rng);
+  check_case<int32_t>(GradKind::kBFloat16, 300, 130, 7, 400, 20000, rng);
   return failures == 0 ? 0 : 1;
 }
 

@@ -6,27 +6,75 @@ from __future__ import annotations
 from typing import Any, Iterable
 
 
+class InvalidArgumentError(ValueError, AssertionError):
+    """A bad argument value or shape.
+
+    Paddle refuses such arguments in two ways: its Python wrappers `assert`
+    (AssertionError: rotary position_ids without sin / cos, flashmask's
+    startend_row_indices checks, ...) and its C++ checks raise InvalidArgument,
+    which reaches Python as ValueError. Code written against Paddle, its own
+    tests included, catches whichever its call raises there, so the plugin's
+    errors are both: `except ValueError` and `except AssertionError` each catch
+    them, with the plugin's message (argument, value, allowed range).
+    """
+
+
+class ArgumentTypeError(TypeError, InvalidArgumentError):
+    """An argument of the wrong kind: not a Tensor, or a dtype that differs from
+    the tensor it must match. Paddle's C++ entry points refuse a non-Tensor
+    argument and its kernels a tensor of another dtype than their first input
+    with InvalidArgument (ValueError), where Python code expects TypeError."""
+
+
+class UnsupportedDtypeError(TypeError, RuntimeError):
+    """A dtype no kernel of the op takes. Paddle finds no kernel registered for
+    it and raises NotFound, which reaches Python as RuntimeError."""
+
+
+class RankError(InvalidArgumentError, IndexError):
+    """A tensor with the wrong number of dimensions. Paddle's wrappers index the
+    shape they expect (flash_attention reads query.shape[3] first: IndexError
+    for a 3-D query) or its shape inference refuses it (ValueError)."""
+
+
 def dtype_name(tensor: Any) -> str:
     return str(tensor.dtype).replace("paddle.", "").replace("VarType.", "").lower()
 
 
 def require_tensor(name: str, value: Any) -> None:
-    import paddle
+    """value must be a Tensor (or, while a static program is built, one of its variables)."""
+    from paddle_ext import compat
 
-    if not isinstance(value, paddle.Tensor):
-        raise TypeError(f"{name} must be a paddle.Tensor, got {type(value).__name__}")
+    if not compat.is_tensor(value):
+        raise ArgumentTypeError(f"{name} must be a paddle.Tensor, got {type(value).__name__}")
 
 
 def require_dtype(name: str, tensor: Any, allowed: Iterable[str]) -> None:
     allowed = tuple(allowed)
     got = dtype_name(tensor)
     if got not in allowed:
-        raise TypeError(f"{name} must have dtype in {allowed}, got {got}")
+        raise UnsupportedDtypeError(f"{name} must have dtype in {allowed}, got {got}")
 
 
 def require_ndim(name: str, tensor: Any, ndim: int) -> None:
     if tensor.ndim != ndim:
-        raise ValueError(f"{name} must be {ndim}-D, got shape {list(tensor.shape)}")
+        raise RankError(f"{name} must be {ndim}-D, got shape {list(tensor.shape)}")
+
+
+def require_same_dtype(name: str, tensor: Any, other_name: str, other: Any) -> None:
+    """tensor must have other's dtype (key and value that of query, ...)."""
+    if dtype_name(tensor) != dtype_name(other):
+        raise ArgumentTypeError(f"{name} must have {other_name}'s dtype {dtype_name(other)}, got {dtype_name(tensor)}")
+
+
+def same_place(a: Any, b: Any) -> bool:
+    """Whether two tensors are on the same device; always True for a static
+    program's variables, whose place is the executor's."""
+    from paddle_ext import compat
+
+    if not compat.in_dynamic_mode():
+        return True
+    return str(a.place) == str(b.place)
 
 
 def require_int(name: str, value: Any, *, low: int | None = None, high: int | None = None,
@@ -40,4 +88,4 @@ def require_int(name: str, value: Any, *, low: int | None = None, high: int | No
         lo = "-inf" if low is None else str(low)
         hi = "inf" if high is None else str(high)
         extra = f" or one of {list(also)}" if also else ""
-        raise ValueError(f"{name} must be in [{lo}, {hi}]{extra}, got {value}")
+        raise InvalidArgumentError(f"{name} must be in [{lo}, {hi}]{extra}, got {value}")

@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from paddle_ext import compat
+from paddle_ext.ops._checks import InvalidArgumentError
 
 LIB_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib")
 LIBRARY = os.path.join(LIB_DIR, "libpaddle_ext_ops.so")
@@ -51,14 +52,15 @@ def load() -> ctypes.CDLL:
 
 
 def run(op_name: str, *args: Any) -> list:
+    """Runs a registered op eagerly, or adds it to the static program being built."""
     load()
-    return compat.run_custom_op(op_name, *args)
+    return compat.run_custom_op_any_mode(op_name, *args)
 
 
 def set_num_threads(n: int) -> None:
     """Threads the CPU kernels use (default: PADDLE_EXT_NUM_THREADS, else all cores)."""
     if not isinstance(n, int) or isinstance(n, bool) or n < 1:
-        raise ValueError(f"set_num_threads: n must be an int >= 1, got {n!r}")
+        raise InvalidArgumentError(f"set_num_threads: n must be an int >= 1, got {n!r}")
     load().paddle_ext_set_num_threads(n)
 
 

@@ -15,9 +15,17 @@ import re
 import numpy as np
 
 from paddle_ext.ops import _library
-from paddle_ext.ops._checks import require_dtype, require_int, require_ndim, require_tensor
+from paddle_ext.ops._checks import (
+    InvalidArgumentError,
+    require_dtype,
+    require_int,
+    require_ndim,
+    require_tensor,
+    same_place,
+)
 
-FLOAT_DTYPES = ("float32", "float16", "bfloat16")
+# Every dtype Paddle's c_embedding kernels take (CPU: all but bfloat16; GPU: all).
+TABLE_DTYPES = ("float32", "float64", "float16", "bfloat16", "complex64", "complex128")
 ID_DTYPES = ("int32", "int64")
 _BAD_ID = re.compile(r"paddle_ext\.c_embedding: id (-?\d+) at position (\d+) of ids")
 
@@ -26,8 +34,8 @@ def c_embedding(weight, ids, start_index: int = 0, vocab_size: int = -1):
     """Looks ids up in this rank's slice `weight` of a vocabulary-parallel table.
 
     Args:
-        weight: [rows, width] float32, float16 or bfloat16; rows of the table
-            from start_index on.
+        weight: [rows, width] float32, float64, float16, bfloat16, complex64 or
+            complex128; rows of the table from start_index on.
         ids: int32 or int64 of any shape.
         start_index: the vocabulary id of weight's first row (>= 0).
         vocab_size: rows of the whole table; -1 skips the range check (as
@@ -37,7 +45,8 @@ def c_embedding(weight, ids, start_index: int = 0, vocab_size: int = -1):
     Returns:
         ids.shape + [width], weight's dtype. Differentiable in weight: the grad
         is a scatter-add of the output grad rows of in-range ids (duplicates
-        accumulate).
+        accumulate in the order of the ids, from +0: float32, float64 and the
+        complex dtypes give Paddle's bits; float16 / bfloat16 sum in float32).
 
     Raises:
         IndexError: an id is outside [0, vocab_size); the message names the id,
@@ -46,17 +55,17 @@ def c_embedding(weight, ids, start_index: int = 0, vocab_size: int = -1):
     require_tensor("weight", weight)
     require_tensor("ids", ids)
     require_ndim("weight", weight, 2)
-    require_dtype("weight", weight, FLOAT_DTYPES)
+    require_dtype("weight", weight, TABLE_DTYPES)
     require_dtype("ids", ids, ID_DTYPES)
     require_int("start_index", start_index, low=0)
     require_int("vocab_size", vocab_size, low=1, also=(-1,))
     rows = int(weight.shape[0])
     if vocab_size > 0 and start_index + rows > vocab_size:
-        raise ValueError(
+        raise InvalidArgumentError(
             f"start_index + weight rows must be <= vocab_size, got start_index={start_index}, "
             f"rows={rows}, vocab_size={vocab_size}")
-    if str(weight.place) != str(ids.place):
-        raise ValueError(f"weight and ids must be on the same device, got {weight.place} and {ids.place}")
+    if not same_place(weight, ids):
+        raise InvalidArgumentError(f"weight and ids must be on the same device, got {weight.place} and {ids.place}")
     try:
         (out,) = _library.run("pe_c_embedding", weight, ids, start_index, vocab_size)
     except Exception as err:  # the kernel's PD_CHECK arrives as OSError (3.x) or another type

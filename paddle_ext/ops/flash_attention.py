@@ -57,7 +57,17 @@ import os
 import re
 
 from paddle_ext.ops import _library
-from paddle_ext.ops._checks import dtype_name, require_dtype, require_ndim, require_tensor
+from paddle_ext.ops._checks import (
+    ArgumentTypeError,
+    InvalidArgumentError,
+    RankError,
+    dtype_name,
+    require_dtype,
+    require_ndim,
+    require_same_dtype,
+    require_tensor,
+    same_place,
+)
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 MAX_GPU_HEAD_DIM = 256
@@ -82,7 +92,7 @@ def _require_probability(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a float in [0, 1), got {type(value).__name__} {value!r}")
     if not 0.0 <= float(value) < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {value}")
+        raise InvalidArgumentError(f"{name} must be in [0, 1), got {value}")
     return float(value)
 
 
@@ -90,7 +100,7 @@ def _require_scale(name: str, value) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a positive float, got {type(value).__name__} {value!r}")
     if not float(value) > 0.0:
-        raise ValueError(f"{name} must be a positive float, got {value}")
+        raise InvalidArgumentError(f"{name} must be a positive float, got {value}")
     return float(value)
 
 
@@ -100,36 +110,35 @@ def _check_qkv(query, key, value, rank: int) -> None:
     layout = "[batch, seqlen, num_heads, head_dim]" if rank == 4 else "[total_tokens, num_heads, head_dim]"
     for name, t in (("query", query), ("key", key), ("value", value)):
         if t.ndim != rank:
-            raise ValueError(f"{name} must be {rank}-D {layout}, got shape {list(t.shape)}")
+            raise RankError(f"{name} must be {rank}-D {layout}, got shape {list(t.shape)}")
     require_dtype("query", query, FLOAT_DTYPES)
     for name, t in (("key", key), ("value", value)):
-        if dtype_name(t) != dtype_name(query):
-            raise TypeError(f"{name} must have query's dtype {dtype_name(query)}, got {dtype_name(t)}")
-        if str(t.place) != str(query.place):
-            raise ValueError(f"{name} must be on query's device {query.place}, got {t.place}")
+        require_same_dtype(name, t, "query", query)
+        if not same_place(t, query):
+            raise InvalidArgumentError(f"{name} must be on query's device {query.place}, got {t.place}")
     qs, ks, vs = list(query.shape), list(key.shape), list(value.shape)
     if vs != ks:
-        raise ValueError(f"value must have key's shape {ks}, got {vs}")
+        raise InvalidArgumentError(f"value must have key's shape {ks}, got {vs}")
     if rank == 4 and ks[0] != qs[0]:
-        raise ValueError(f"key's batch size {ks[0]} must equal query's {qs[0]}")
+        raise InvalidArgumentError(f"key's batch size {ks[0]} must equal query's {qs[0]}")
     head_dim = qs[-1]
     if ks[-1] != head_dim:
-        raise ValueError(f"key's head_dim {ks[-1]} must equal query's head_dim {head_dim}")
+        raise InvalidArgumentError(f"key's head_dim {ks[-1]} must equal query's head_dim {head_dim}")
     if head_dim < 1:
-        raise ValueError(f"head_dim (the last dim of query) must be >= 1, got {head_dim}")
-    if head_dim > MAX_GPU_HEAD_DIM and "cpu" not in str(query.place).lower():
-        raise ValueError(f"head_dim (the last dim of query) must be in [1, {MAX_GPU_HEAD_DIM}] on GPU, "
-                         f"got {head_dim}")
+        raise InvalidArgumentError(f"head_dim (the last dim of query) must be >= 1, got {head_dim}")
+    if head_dim > MAX_GPU_HEAD_DIM and "cpu" not in str(getattr(query, "place", "cpu")).lower():
+        raise InvalidArgumentError(f"head_dim (the last dim of query) must be in [1, {MAX_GPU_HEAD_DIM}] on GPU, "
+                                   f"got {head_dim}")
     heads_q, heads_k = qs[-2], ks[-2]
     if heads_k < 1 or heads_q % heads_k != 0:
-        raise ValueError(f"key and value have {heads_k} heads, which must divide query's {heads_q} heads "
-                         "(grouped-query attention)")
+        raise InvalidArgumentError(f"key and value have {heads_k} heads, which must divide query's {heads_q} heads "
+                                   "(grouped-query attention)")
 
 
 def _bottom_right(causal_alignment) -> bool:
     if causal_alignment not in CAUSAL_ALIGNMENTS:
-        raise ValueError(f"causal_alignment must be one of {', '.join(map(repr, CAUSAL_ALIGNMENTS))}, "
-                         f"got {causal_alignment!r}")
+        raise InvalidArgumentError(f"causal_alignment must be one of {', '.join(map(repr, CAUSAL_ALIGNMENTS))}, "
+                                   f"got {causal_alignment!r}")
     return causal_alignment == "bottom_right"
 
 
@@ -137,8 +146,8 @@ def _check_seed(fixed_seed_offset, rng_name) -> None:
     if fixed_seed_offset is not None:
         require_tensor("fixed_seed_offset", fixed_seed_offset)
         if dtype_name(fixed_seed_offset) != "int64" or int(fixed_seed_offset.size) != 2:
-            raise ValueError("fixed_seed_offset must be an int64 tensor of 2 elements (seed, offset), got "
-                             f"{dtype_name(fixed_seed_offset)} of shape {list(fixed_seed_offset.shape)}")
+            raise InvalidArgumentError("fixed_seed_offset must be an int64 tensor of 2 elements (seed, offset), got "
+                                       f"{dtype_name(fixed_seed_offset)} of shape {list(fixed_seed_offset.shape)}")
     if not isinstance(rng_name, str):
         raise TypeError(f"rng_name must be a str, got {type(rng_name).__name__} {rng_name!r}")
     if rng_name:
@@ -147,8 +156,8 @@ def _check_seed(fixed_seed_offset, rng_name) -> None:
         try:
             core.get_random_seed_generator(rng_name)
         except Exception:
-            raise ValueError(f"rng_name {rng_name!r} names no generator: register it with "
-                             "paddle.base.core.set_random_seed_generator(name, seed)") from None
+            raise InvalidArgumentError(f"rng_name {rng_name!r} names no generator: register it with "
+                                       "paddle.base.core.set_random_seed_generator(name, seed)") from None
 
 
 def _contiguous(t):
@@ -165,7 +174,7 @@ def _run(op_name: str, *args):
         match = _KERNEL_MESSAGE.search(str(err))
         if match is None:
             raise
-        raise ValueError(match.group(1).strip()) from None
+        raise InvalidArgumentError(match.group(1).strip()) from None
 
 
 def _results(out, softmax, lse, seed_offset, return_softmax, return_softmax_lse, return_seed_offset):
@@ -300,17 +309,17 @@ def flash_attn_unpadded(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqle
         require_tensor(arg, t)
         require_ndim(arg, t, 1)
         if dtype_name(t) != "int32":
-            raise TypeError(f"{arg} must be int32, got {dtype_name(t)}")
-        if str(t.place) != str(query.place):
-            raise ValueError(f"{arg} must be on query's device {query.place}, got {t.place}")
+            raise ArgumentTypeError(f"{arg} must be int32, got {dtype_name(t)}")
+        if not same_place(t, query):
+            raise InvalidArgumentError(f"{arg} must be on query's device {query.place}, got {t.place}")
     if int(cu_seqlens_q.shape[0]) != int(cu_seqlens_k.shape[0]) or int(cu_seqlens_q.shape[0]) < 2:
-        raise ValueError("cu_seqlens_q and cu_seqlens_k must both have batch + 1 >= 2 entries, got "
-                         f"{int(cu_seqlens_q.shape[0])} and {int(cu_seqlens_k.shape[0])}")
+        raise InvalidArgumentError("cu_seqlens_q and cu_seqlens_k must both have batch + 1 >= 2 entries, got "
+                                   f"{int(cu_seqlens_q.shape[0])} and {int(cu_seqlens_k.shape[0])}")
     for arg, v in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
         if isinstance(v, bool) or not isinstance(v, int):
             raise TypeError(f"{arg} must be an int, got {type(v).__name__} {v!r}")
         if v < 0:
-            raise ValueError(f"{arg} must be >= 0, got {v}")
+            raise InvalidArgumentError(f"{arg} must be >= 0, got {v}")
     scale = _require_scale("scale", scale)
     dropout = _require_probability("dropout", dropout)
     _require_bool("causal", causal)

@@ -20,8 +20,10 @@ Where Paddle's kernel reads out of bounds, ignores an argument or leaves output
 unwritten, this raises instead: a lone sin or cos (Paddle silently computes
 the angles), k or v with another batch or seq_len than q (Paddle accepts a
 larger batch and leaves the rest of the output unwritten), position ids
-outside the tables. Paddle's AssertionErrors (position_ids or rotate-half
-without tables) are ValueErrors here.
+outside the tables. Bad arguments raise paddle_ext.ops._checks' errors, which
+are also what Paddle raises for them: InvalidArgumentError is both the
+AssertionError Paddle's wrapper raises (position_ids or rotate-half without
+tables) and the ValueError of its shape checks.
 """
 
 from __future__ import annotations
@@ -32,7 +34,15 @@ import re
 import numpy as np
 
 from paddle_ext.ops import _library
-from paddle_ext.ops._checks import dtype_name, require_dtype, require_tensor
+from paddle_ext.ops._checks import (
+    InvalidArgumentError,
+    RankError,
+    dtype_name,
+    require_dtype,
+    require_same_dtype,
+    require_tensor,
+    same_place,
+)
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16", "float64")
 POSITION_DTYPES = ("int64", "int32")
@@ -65,7 +75,8 @@ def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, posit
         in float64, so its result is the correctly rounded one.
 
     Raises:
-        TypeError / ValueError naming the argument for bad arguments;
+        TypeError / InvalidArgumentError (a ValueError and an AssertionError)
+            naming the argument for bad arguments;
         IndexError naming position_ids[b, s] for a position outside the tables.
     """
     _check_flag("use_neox_rotary_style", use_neox_rotary_style)
@@ -77,7 +88,7 @@ def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, posit
     q_shape = list(q.shape)
     head_dim = q_shape[3]
     if head_dim % 2:
-        raise ValueError(f"q: head_dim (the last dimension) must be even, got {head_dim} in shape {q_shape}")
+        raise InvalidArgumentError(f"q: head_dim (the last dimension) must be even, got {head_dim} in shape {q_shape}")
     batch, seq = (q_shape[1], q_shape[0]) if time_major else (q_shape[0], q_shape[1])
     for name, t in (("k", k), ("v", v)):
         if t is not None:
@@ -85,32 +96,32 @@ def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, posit
 
     if (sin is None) != (cos is None):
         given, missing = ("sin", "cos") if cos is None else ("cos", "sin")
-        raise ValueError(f"sin and cos must be given together: got {given} but {missing}=None")
+        raise InvalidArgumentError(f"sin and cos must be given together: got {given} but {missing}=None")
     if sin is None:
         if position_ids is not None:
-            raise ValueError("position_ids needs sin and cos: Paddle computes the angles from "
-                             "rotary_emb_base only for positions 0..seq_len-1")
+            raise InvalidArgumentError("position_ids needs sin and cos: Paddle computes the angles from "
+                                       "rotary_emb_base only for positions 0..seq_len-1")
         if not use_neox_rotary_style:
-            raise ValueError("use_neox_rotary_style=False (rotate_half) needs sin and cos: Paddle "
-                             "computes angles from rotary_emb_base only for adjacent pairs")
+            raise InvalidArgumentError("use_neox_rotary_style=False (rotate_half) needs sin and cos: Paddle "
+                                       "computes angles from rotary_emb_base only for adjacent pairs")
     else:
         rows = _check_table("sin", sin, q, head_dim)
         _check_table("cos", cos, q, head_dim)
         if list(sin.shape) != list(cos.shape):
-            raise ValueError(f"sin and cos must have the same shape, got sin {list(sin.shape)} and "
-                             f"cos {list(cos.shape)}")
+            raise InvalidArgumentError(f"sin and cos must have the same shape, got sin {list(sin.shape)} and "
+                                       f"cos {list(cos.shape)}")
         if position_ids is None and rows != seq:
-            raise ValueError(f"sin and cos must have seq_len = {seq} rows without position_ids, got shape "
-                             f"{list(sin.shape)}")
+            raise InvalidArgumentError(f"sin and cos must have seq_len = {seq} rows without position_ids, got shape "
+                                       f"{list(sin.shape)}")
         if position_ids is not None and rows < seq:
-            raise ValueError(f"sin and cos must have at least seq_len = {seq} rows (Paddle requires it with "
-                             f"position_ids), got shape {list(sin.shape)}")
+            raise InvalidArgumentError(f"sin and cos must have at least seq_len = {seq} rows (Paddle requires it with "
+                                       f"position_ids), got shape {list(sin.shape)}")
     if position_ids is not None:
         require_tensor("position_ids", position_ids)
         require_dtype("position_ids", position_ids, POSITION_DTYPES)
         if list(position_ids.shape) != [batch, seq]:
-            raise ValueError(f"position_ids must be [batch, seq_len] = {[batch, seq]}, got shape "
-                             f"{list(position_ids.shape)}")
+            raise InvalidArgumentError(f"position_ids must be [batch, seq_len] = {[batch, seq]}, got shape "
+                                       f"{list(position_ids.shape)}")
         _require_same_place("position_ids", position_ids, q)
         if dtype_name(position_ids) != "int64":
             position_ids = position_ids.astype("int64")
@@ -155,46 +166,44 @@ def _check_base(value):
         raise TypeError(f"rotary_emb_base must be a number, got {type(value).__name__} {value!r}")
     base = float(value)
     if not (math.isfinite(base) and base > 0):
-        raise ValueError(f"rotary_emb_base must be a finite number > 0, got {value!r}")
+        raise InvalidArgumentError(f"rotary_emb_base must be a finite number > 0, got {value!r}")
     return base
 
 
 def _require_4d(name, t, time_major):
     if t.ndim != 4:
         layout = "[seq_len, batch, num_heads, head_dim]" if time_major else "[batch, seq_len, num_heads, head_dim]"
-        raise ValueError(f"{name} must be 4-D {layout}, got shape {list(t.shape)}")
+        raise RankError(f"{name} must be 4-D {layout}, got shape {list(t.shape)}")
 
 
 def _require_same_place(name, t, q):
-    if str(t.place) != str(q.place):
-        raise ValueError(f"{name} must be on q's device {q.place}, got {t.place}")
+    if not same_place(t, q):
+        raise InvalidArgumentError(f"{name} must be on q's device {q.place}, got {t.place}")
 
 
 def _check_like_q(name, t, q, time_major):
     require_tensor(name, t)
     _require_4d(name, t, time_major)
-    if dtype_name(t) != dtype_name(q):
-        raise TypeError(f"{name} must have q's dtype {dtype_name(q)}, got {dtype_name(t)}")
+    require_same_dtype(name, t, "q", q)
     shape, q_shape = list(t.shape), list(q.shape)
     if shape[0] != q_shape[0] or shape[1] != q_shape[1] or shape[3] != q_shape[3]:
-        raise ValueError(f"{name} must match q in batch, seq_len and head_dim (num_heads may differ): "
-                         f"q is {q_shape}, {name} is {shape}")
+        raise InvalidArgumentError(f"{name} must match q in batch, seq_len and head_dim (num_heads may differ): "
+                                   f"q is {q_shape}, {name} is {shape}")
     _require_same_place(name, t, q)
 
 
 def _check_table(name, t, q, head_dim):
     """Returns the table's rows."""
     require_tensor(name, t)
-    if dtype_name(t) != dtype_name(q):
-        raise TypeError(f"{name} must have q's dtype {dtype_name(q)}, got {dtype_name(t)}")
+    require_same_dtype(name, t, "q", q)
     shape = list(t.shape)
     if len(shape) == 2 and shape[1] == head_dim:
         rows = shape[0]
     elif len(shape) == 4 and shape[0] == 1 and shape[2] == 1 and shape[3] == head_dim:
         rows = shape[1]
     else:
-        raise ValueError(f"{name} must be [seq_len, head_dim] or [1, seq_len, 1, head_dim] with head_dim = "
-                         f"{head_dim} (q's last dimension), got shape {shape}")
+        raise InvalidArgumentError(f"{name} must be [seq_len, head_dim] or [1, seq_len, 1, head_dim] with head_dim = "
+                                   f"{head_dim} (q's last dimension), got shape {shape}")
     _require_same_place(name, t, q)
     return rows
 

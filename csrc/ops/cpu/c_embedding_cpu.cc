@@ -1,5 +1,7 @@
 // CPU backend of c_embedding: threaded row copies forward; backward zeroes and
 // fills the table gradient in a single pass, each thread owning a row range.
+// A row hit once is summed too (+0 + g, not copied), so a -0 gradient becomes
+// +0 as in Paddle's scatter-add on zeroed memory.
 #include <algorithm>
 #include <cstring>
 #include <numeric>
@@ -51,8 +53,46 @@ void forward_cpu(const char* table, int64_t rows, int64_t row_bytes, const IdT* 
   });
 }
 
+namespace {
+
+// Sums the out_grad rows at positions [first, last) (all of one table row) into
+// `dst`, from +0 in that order: Paddle's `table_grad[row] += out_grad[i]` on
+// zeroed memory. float16 / bfloat16 are summed in float32 and rounded once.
+template <typename It>
+void sum_rows(GradKind kind, const void* out_grad, It first, It last, int64_t width, void* dst,
+              std::vector<float>& acc32, std::vector<double>& acc64) {
+  if (kind == GradKind::kFloat64) {
+    std::fill(acc64.begin(), acc64.end(), 0.0);
+    for (It g = first; g != last; ++g) {
+      const double* src = static_cast<const double*>(out_grad) + *g * width;
+      for (int64_t j = 0; j < width; ++j) acc64[j] += src[j];
+    }
+    std::memcpy(dst, acc64.data(), static_cast<std::size_t>(width) * sizeof(double));
+    return;
+  }
+  std::fill(acc32.begin(), acc32.end(), 0.f);
+  for (It g = first; g != last; ++g) {
+    const int64_t base = *g * width;
+    if (kind == GradKind::kFloat32) {  // the common case, kept vectorisable
+      const float* src = static_cast<const float*>(out_grad) + base;
+      for (int64_t j = 0; j < width; ++j) acc32[j] += src[j];
+    } else {
+      const FloatKind half = kind == GradKind::kFloat16 ? FloatKind::kFloat16 : FloatKind::kBFloat16;
+      for (int64_t j = 0; j < width; ++j) acc32[j] += load_float(half, out_grad, base + j);
+    }
+  }
+  if (kind == GradKind::kFloat32) {
+    std::memcpy(dst, acc32.data(), static_cast<std::size_t>(width) * sizeof(float));
+  } else {
+    const FloatKind half = kind == GradKind::kFloat16 ? FloatKind::kFloat16 : FloatKind::kBFloat16;
+    for (int64_t j = 0; j < width; ++j) store_float(half, dst, j, acc32[j]);
+  }
+}
+
+}  // namespace
+
 template <typename IdT>
-void backward_cpu(FloatKind kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
+void backward_cpu(GradKind kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
                   int64_t width, int64_t start, void* table_grad) {
   // Positions of in-range ids, stably sorted by row: each row's contributions
   // then sit together in their original order.
@@ -66,34 +106,20 @@ void backward_cpu(FloatKind kind, const void* out_grad, const IdT* ids, int64_t 
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return row_of(a) < row_of(b); });
 
-  const int64_t row_bytes = width * element_bytes(kind);
+  const int64_t row_bytes = width * grad_element_bytes(kind);
   char* grad = static_cast<char*>(table_grad);
   advise_huge_pages(grad, static_cast<std::size_t>(rows * row_bytes));
-  const char* src = static_cast<const char*>(out_grad);
   parallel_for(rows, 1024, [&](int64_t row_begin, int64_t row_end) {
     std::memset(grad + row_begin * row_bytes, 0, (row_end - row_begin) * row_bytes);
     auto first = std::lower_bound(order.begin(), order.end(), row_begin,
                                   [&](int64_t pos, int64_t r) { return row_of(pos) < r; });
-    std::vector<float> acc(width);
+    std::vector<float> acc32(kind == GradKind::kFloat64 ? 0 : width);
+    std::vector<double> acc64(kind == GradKind::kFloat64 ? width : 0);
     for (auto it = first; it != order.end() && row_of(*it) < row_end;) {
       const int64_t row = row_of(*it);
       auto group_end = it;
       while (group_end != order.end() && row_of(*group_end) == row) ++group_end;
-      if (group_end - it == 1 && kind == FloatKind::kFloat32) {
-        std::memcpy(grad + row * row_bytes, src + *it * row_bytes, row_bytes);
-      } else {
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (auto g = it; g != group_end; ++g) {
-          const int64_t base = *g * width;
-          if (kind == FloatKind::kFloat32) {  // the common case, kept vectorisable
-            const float* src_row = static_cast<const float*>(out_grad) + base;
-            for (int64_t j = 0; j < width; ++j) acc[j] += src_row[j];
-          } else {
-            for (int64_t j = 0; j < width; ++j) acc[j] += load_float(kind, out_grad, base + j);
-          }
-        }
-        for (int64_t j = 0; j < width; ++j) store_float(kind, table_grad, row * width + j, acc[j]);
-      }
+      sum_rows(kind, out_grad, it, group_end, width, grad + row * row_bytes, acc32, acc64);
       it = group_end;
     }
   });
@@ -103,7 +129,7 @@ void backward_cpu(FloatKind kind, const void* out_grad, const IdT* ids, int64_t 
   template BadId find_out_of_range_cpu<IdT>(const IdT*, int64_t, int64_t);                      \
   template void forward_cpu<IdT>(const char*, int64_t, int64_t, const IdT*, int64_t, int64_t,    \
                                  char*);                                                         \
-  template void backward_cpu<IdT>(FloatKind, const void*, const IdT*, int64_t, int64_t, int64_t, \
+  template void backward_cpu<IdT>(GradKind, const void*, const IdT*, int64_t, int64_t, int64_t, \
                                   int64_t, void*);
 PADDLE_EXT_INSTANTIATE(int32_t)
 PADDLE_EXT_INSTANTIATE(int64_t)

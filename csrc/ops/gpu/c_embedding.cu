@@ -17,9 +17,10 @@
 //      number of earlier ids of the tile with the same digit. Stability keeps
 //      the positions of one row in increasing order;
 //   3. one thread block per unique row (the first sorted index of each run of
-//      equal keys) sums its out_grad rows in that order, in float32 for every
-//      dtype, and writes the row once; rows that no id hit keep the zeros of a
-//      memset. A float32 row hit once is copied bit for bit, as on the CPU.
+//      equal keys) sums its out_grad rows in that order from +0 (float64 in
+//      double, every other kind in float32; complex tables arrive as their real
+//      kind with twice the width) and writes the row once; rows that no id hit
+//      keep the zeros of a memset. The same sums as the CPU kernel, bit for bit.
 // No float atomics anywhere, so no order depends on scheduling. The cost: a
 // row hit k times is summed by one block walking its k positions, which is
 // slower than atomics when a single id (a padding id, say) fills the batch.
@@ -34,6 +35,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "c_embedding.h"
@@ -250,22 +252,30 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <FloatKind kKind>
-__device__ __forceinline__ float load_grad(const void* base, int64_t i) {
-  if constexpr (kKind == FloatKind::kFloat32) {
+// float64 sums in double, every other kind in float32.
+template <GradKind kKind>
+using Accumulator = std::conditional_t<kKind == GradKind::kFloat64, double, float>;
+
+template <GradKind kKind>
+__device__ __forceinline__ Accumulator<kKind> load_grad(const void* base, int64_t i) {
+  if constexpr (kKind == GradKind::kFloat64) {
+    return static_cast<const double*>(base)[i];
+  } else if constexpr (kKind == GradKind::kFloat32) {
     return static_cast<const float*>(base)[i];
-  } else if constexpr (kKind == FloatKind::kFloat16) {
+  } else if constexpr (kKind == GradKind::kFloat16) {
     return fp16_to_float(static_cast<const uint16_t*>(base)[i]);
   } else {
     return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
   }
 }
 
-template <FloatKind kKind>
-__device__ __forceinline__ void store_grad(void* base, int64_t i, float v) {
-  if constexpr (kKind == FloatKind::kFloat32) {
+template <GradKind kKind>
+__device__ __forceinline__ void store_grad(void* base, int64_t i, Accumulator<kKind> v) {
+  if constexpr (kKind == GradKind::kFloat64) {
+    static_cast<double*>(base)[i] = v;
+  } else if constexpr (kKind == GradKind::kFloat32) {
     static_cast<float*>(base)[i] = v;
-  } else if constexpr (kKind == FloatKind::kFloat16) {
+  } else if constexpr (kKind == GradKind::kFloat16) {
     static_cast<uint16_t*>(base)[i] = float_to_fp16(v);
   } else {
     static_cast<uint16_t*>(base)[i] = float_to_bf16(v);
@@ -274,7 +284,7 @@ __device__ __forceinline__ void store_grad(void* base, int64_t i, float v) {
 
 // One block per unique row: blocks walk the sorted keys and act on the first
 // index of each run of equal keys.
-template <FloatKind kKind>
+template <GradKind kKind>
 __global__ void __launch_bounds__(kThreads)
     accumulate_kernel(const void* out_grad, const uint32_t* keys, const uint32_t* positions, int64_t n,
                       int64_t rows, int64_t width, void* table_grad) {
@@ -283,15 +293,8 @@ __global__ void __launch_bounds__(kThreads)
     if (key >= rows) break;  // sentinels sort last: the rest of this block's indices are too
     if (s > 0 && keys[s - 1] == key) continue;
     const int64_t row = key;
-    const bool single = s + 1 >= n || keys[s + 1] != key;
-    if (kKind == FloatKind::kFloat32 && single) {
-      const uint32_t* src = static_cast<const uint32_t*>(out_grad) + int64_t{positions[s]} * width;
-      uint32_t* dst = static_cast<uint32_t*>(table_grad) + row * width;
-      for (int64_t j = threadIdx.x; j < width; j += blockDim.x) dst[j] = src[j];
-      continue;
-    }
     for (int64_t j = threadIdx.x; j < width; j += blockDim.x) {
-      float acc = 0.f;
+      Accumulator<kKind> acc = 0;
       for (int64_t q = s; q < n && keys[q] == key; ++q) {
         acc += load_grad<kKind>(out_grad, int64_t{positions[q]} * width + j);
       }
@@ -300,7 +303,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-template <FloatKind kKind>
+template <GradKind kKind>
 void launch_accumulate(const void* out_grad, const uint32_t* keys, const uint32_t* positions, int64_t n,
                        int64_t rows, int64_t width, void* table_grad, Stream stream) {
   const int64_t blocks = std::min<int64_t>(n, kMaxBlocks);
@@ -362,11 +365,11 @@ void forward_gpu(const char* table, int64_t rows, int64_t row_bytes, const IdT* 
 }
 
 template <typename IdT>
-void backward_gpu(FloatKind kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
+void backward_gpu(GradKind kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
                   int64_t width, int64_t start, void* table_grad, void* stream) {
   if (rows <= 0 || width <= 0) return;
   const Stream s = as_stream(stream);
-  const int64_t element_bytes = kind == FloatKind::kFloat32 ? 4 : 2;
+  const int64_t element_bytes = grad_element_bytes(kind);
   PADDLE_EXT_GPU_CHECK(gpu::memset_async(table_grad, 0, static_cast<size_t>(rows * width * element_bytes), s));
   if (n <= 0) return;
   // Keys, positions and offsets are 32-bit; `rows` itself is the sentinel key.
@@ -399,14 +402,17 @@ void backward_gpu(FloatKind kind, const void* out_grad, const IdT* ids, int64_t 
     cur = 1 - cur;
   }
   switch (kind) {
-    case FloatKind::kFloat32:
-      launch_accumulate<FloatKind::kFloat32>(out_grad, keys[cur], positions[cur], n, rows, width, table_grad, s);
+    case GradKind::kFloat32:
+      launch_accumulate<GradKind::kFloat32>(out_grad, keys[cur], positions[cur], n, rows, width, table_grad, s);
       break;
-    case FloatKind::kFloat16:
-      launch_accumulate<FloatKind::kFloat16>(out_grad, keys[cur], positions[cur], n, rows, width, table_grad, s);
+    case GradKind::kFloat16:
+      launch_accumulate<GradKind::kFloat16>(out_grad, keys[cur], positions[cur], n, rows, width, table_grad, s);
       break;
-    case FloatKind::kBFloat16:
-      launch_accumulate<FloatKind::kBFloat16>(out_grad, keys[cur], positions[cur], n, rows, width, table_grad, s);
+    case GradKind::kBFloat16:
+      launch_accumulate<GradKind::kBFloat16>(out_grad, keys[cur], positions[cur], n, rows, width, table_grad, s);
+      break;
+    case GradKind::kFloat64:
+      launch_accumulate<GradKind::kFloat64>(out_grad, keys[cur], positions[cur], n, rows, width, table_grad, s);
       break;
   }
   // The scratch buffer is freed stream-ordered (or after a sync) when it goes
@@ -417,7 +423,7 @@ void backward_gpu(FloatKind kind, const void* out_grad, const IdT* ids, int64_t 
   template BadId find_out_of_range_gpu<IdT>(const IdT*, int64_t, int64_t, void*);                   \
   template void forward_gpu<IdT>(const char*, int64_t, int64_t, const IdT*, int64_t, int64_t, char*, \
                                  void*);                                                             \
-  template void backward_gpu<IdT>(FloatKind, const void*, const IdT*, int64_t, int64_t, int64_t,     \
+  template void backward_gpu<IdT>(GradKind, const void*, const IdT*, int64_t, int64_t, int64_t,     \
                                   int64_t, void*, void*);
 PADDLE_EXT_INSTANTIATE(int32_t)
 PADDLE_EXT_INSTANTIATE(int64_t)
