@@ -13,7 +13,7 @@
 //
 // Expects, from the includer: PE_FA_NS, PE_FA_VEC, and in the enclosing
 // namespace: Ctx, Seq, seq(), kBlockQ, kBlockK, kPanel, dropout_row_scalar(),
-// store_rows(), load_rows().
+// store_rows(), load_rows(), flashmask_cover(), flashmask_block().
 
 namespace PE_FA_NS {
 
@@ -256,10 +256,13 @@ inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
   bool first = true;
   for (int64_t k0 = 0; k0 < kv_end; k0 += kBlockK) {
     const int64_t bk = std::min<int64_t>(kBlockK, kv_end - k0);
+    const Cover cover = flashmask_cover(ctx, b, h, i0, i0 + rows, k0);
+    if (cover == Cover::kFull) continue;  // FlashMask hides the whole tile
+    const bool fm = cover == Cover::kPartial;
     // Row tile t (kMR rows) scores only the keys its last row sees (all bk
     // off the diagonal), exponentiates those, and sums only them in P V: the
     // masked triangle of a diagonal block is neither scored nor exponentiated.
-    const bool masked = block_needs_mask(ctx, s, i0, k0, bk);
+    const bool masked = fm || block_needs_mask(ctx, s, i0, k0, bk);
     int64_t keys[kBlockQ / kMR], wt[kBlockQ / kMR];
     const int64_t tiles = (rows + kMR - 1) / kMR;
     for (int64_t t = 0; t < tiles; ++t) {
@@ -270,6 +273,7 @@ inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t r0 = t * kMR, nr = std::min<int64_t>(kMR, rows - r0), w = wt[t];
       if (masked) mask_block(ctx, s, i0 + r0, nr, k0, bk, w, S + r0 * kBlockK);
+      if (fm) flashmask_block(ctx, b, h, i0 + r0, nr, k0, w, S + r0 * kBlockK, nullptr);
       for (int64_t r = r0; r < r0 + nr; ++r) {
         float* row = S + r * kBlockK;
         const float mnew = std::max(mrow[r], row_max(row, w));
@@ -329,6 +333,8 @@ inline void softmax_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
     const int64_t width = (bk + kPanel - 1) / kPanel * kPanel;
     gemm(rows, width, D, qs, D, 1, kt + k0 * D, kPanel, kPanel * D, S, kBlockK, kStore);
     if (block_needs_mask(ctx, s, i0, k0, bk)) mask_block(ctx, s, i0, rows, k0, bk, width, S);
+    if (flashmask_cover(ctx, b, h, i0, i0 + rows, k0) != Cover::kNone)
+      flashmask_block(ctx, b, h, i0, rows, k0, width, S, nullptr);
     for (int64_t r = 0; r < rows; ++r) {
       float* row = S + r * kBlockK;
       if (lse2[r] == inf) {
@@ -416,6 +422,9 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
         // Keys of this block that the block's last (most seeing) query sees.
         const int64_t bk = visible_cols(ctx, s, i0 + rows - 1, k0, std::min<int64_t>(kBlockK, s.lk - k0));
         if (bk <= 0) continue;
+        const Cover cover = flashmask_cover(ctx, b, h, i0, i0 + rows, k0);
+        if (cover == Cover::kFull) continue;  // FlashMask hides the whole tile
+        const bool fm = cover == Cover::kPartial;
         const int64_t width = panel_width(bk);
         const float* qs = prep + n * prep_floats;
         const float* dos = qs + kBlockQ * D;
@@ -428,7 +437,7 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
         // row sees (the masked triangle of a diagonal block is left out) and,
         // masked, the kMR - 1 after them: the dV / dK tiles below read a row
         // up to that far past the last column it sees.
-        const bool masked = block_needs_mask(ctx, s, i0, k0, bk);
+        const bool masked = fm || block_needs_mask(ctx, s, i0, k0, bk);
         int64_t keys[kBlockQ / kMR], wc[kBlockQ / kMR];
         const int64_t tiles = (rows + kMR - 1) / kMR;
         for (int64_t t = 0; t < tiles; ++t) {
@@ -441,6 +450,7 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
           const int64_t r0 = t * kMR, nr = std::min<int64_t>(kMR, rows - r0);
           const int64_t w = masked ? std::min<int64_t>(width, panel_width(keys[t] + kMR - 1)) : wc[t];
           if (masked) mask_block(ctx, s, i0 + r0, nr, k0, bk, w, S + r0 * kBlockK, dP + r0 * kBlockK);
+          if (fm) flashmask_block(ctx, b, h, i0 + r0, nr, k0, w, S + r0 * kBlockK, dP + r0 * kBlockK);
           for (int64_t r = r0; r < r0 + nr; ++r) {
             float* prow = S + r * kBlockK;
             float* drow = dP + r * kBlockK;
