@@ -1,7 +1,7 @@
 """Static graphs with the plugin enabled: a paddle.static program and a
 paddle.jit.to_static function that call Paddle's flash attention names
 (flash_attention, flash_attn_unpadded, flash_attn_qkvpacked,
-flash_attn_varlen_qkvpacked) and fused_rotary_position_embedding run on CPU
+flash_attn_varlen_qkvpacked, flashmask_attention) and fused_rotary_position_embedding run on CPU
 (Paddle's own ops have no CPU kernel there) and give the dynamic results, bit for
 bit, forward and gradients."""
 
@@ -49,6 +49,8 @@ def _inputs():
         "cu": cu,
         "qkv": rng.standard_normal((2, 24, 3, 2, 32)).astype(np.float32),
         "padded_cu": padded_cu,
+        # two documents, [0, 10) and [10, 24): key j hidden from the rows below its document
+        "startend": np.where(np.arange(24) < 10, 10, 24).astype(np.int32).reshape(1, 1, 24, 1).repeat(2, 0),
     }
 
 
@@ -66,7 +68,8 @@ def _model(t):
     packed_rows = t["qkv"].reshape([48, 3, 2, 32])[:16]
     out_vpacked, _ = fa.flash_attn_varlen_qkvpacked(packed_rows, t["padded_cu"], t["padded_cu"], 8, 8, 0.3,
                                                     causal=False)
-    outs = [out_fa, out_varlen, out_packed, out_vpacked]
+    out_mask = fa.flashmask_attention(q, k, k, t["startend"], causal=True)
+    outs = [out_fa, out_varlen, out_packed, out_vpacked, out_mask]
     loss = sum((o * o).mean() for o in outs)
     return outs, loss
 
@@ -95,7 +98,8 @@ def test_static_program_runs_the_plugin_ops_and_equals_dynamic(enabled):
     exe.run(startup)
     got = exe.run(main, feed=data, fetch_list=[*outs, *grads])
     for name, a, b in zip(("flash_attention", "flash_attn_unpadded", "flash_attn_qkvpacked",
-                           "flash_attn_varlen_qkvpacked", "dq", "dk", "dqkv"), got, want_outs + want_grads):
+                           "flash_attn_varlen_qkvpacked", "flashmask_attention", "dq", "dk", "dqkv"), got,
+                          want_outs + want_grads):
         np.testing.assert_array_equal(a, b, err_msg=name)
     assert not got[3][5:8].any() and not got[3][15:].any() and got[3][8:15].all()  # padding rows: zeros
 
@@ -105,8 +109,9 @@ def test_to_static_function_equals_dynamic(enabled):
     want_outs, want_grads = _dynamic(data)
 
     @paddle.jit.to_static(full_graph=True)
-    def run(q, k, sin, cos, ids, cu, qkv, padded_cu):
-        outs, loss = _model(dict(q=q, k=k, sin=sin, cos=cos, ids=ids, cu=cu, qkv=qkv, padded_cu=padded_cu))
+    def run(q, k, sin, cos, ids, cu, qkv, padded_cu, startend):
+        outs, loss = _model(dict(q=q, k=k, sin=sin, cos=cos, ids=ids, cu=cu, qkv=qkv, padded_cu=padded_cu,
+                                 startend=startend))
         return outs, loss
 
     t = {name: paddle.to_tensor(value) for name, value in data.items()}
@@ -115,7 +120,7 @@ def test_to_static_function_equals_dynamic(enabled):
     outs, loss = run(**t)
     loss.backward()
     for name, a, b in zip(("flash_attention", "flash_attn_unpadded", "flash_attn_qkvpacked",
-                           "flash_attn_varlen_qkvpacked"), outs, want_outs):
+                           "flash_attn_varlen_qkvpacked", "flashmask_attention"), outs, want_outs):
         np.testing.assert_array_equal(a.numpy(), b, err_msg=name)
     for name, g, want in zip(("dq", "dk", "dqkv"), (t["q"].grad, t["k"].grad, t["qkv"].grad), want_grads):
         np.testing.assert_array_equal(g.numpy(), want, err_msg=name)
