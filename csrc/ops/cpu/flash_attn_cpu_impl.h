@@ -9,7 +9,8 @@
 //    row-major with contiguous columns (a key/value row, or a packed K^T / V^T
 //    panel of 16 columns);
 //  - row-wise max / exp2 / sum for the online softmax, in log2 units (the
-//    query tile is pre-multiplied by scale * log2(e)).
+//    scores are scaled by scale * log2(e) inside the exponent's fused
+//    multiply-add; softmax_block pre-multiplies its query tile instead).
 //
 // Expects, from the includer: PE_FA_NS, PE_FA_VEC, and in the enclosing
 // namespace: Ctx, Seq, seq(), kBlockQ, kBlockK, kPanel, dropout_row_scalar(),
@@ -143,26 +144,28 @@ inline float row_max(const float* s, int64_t n) {
   return V::hmax(mx);
 }
 
-// s = 2^(s - m); returns the sum.
-inline float exp2_sub_sum(float* s, int64_t n, float m) {
-  const VT mv = V::set1(m);
+// s = 2^(c s - m), c s - m in one fused multiply-add; returns the sum. The
+// scores come unscaled: scaling the query by c = scale * log2(e) before the
+// product rounded each of its elements, about doubling the scores' error.
+inline float exp2_sub_sum(float* s, int64_t n, float m, float c = 1.f) {
+  const VT mv = V::set1(-m), cv = V::set1(c);
   VT sum = V::zero();
   for (int64_t j = 0; j < n; j += kW) {
-    const VT e = V::exp2(V::sub(V::load(s + j), mv));
+    const VT e = V::exp2(V::fma(V::load(s + j), cv, mv));
     V::store(s + j, e);
     sum = V::add(sum, e);
   }
   return V::hsum(sum);
 }
 
-// s = 2^(s - hi - lo) for a row's log-sum-exp hi + lo in log2 units, held as
+// s = 2^(c s - hi - lo) for a row's log-sum-exp hi + lo in log2 units, held as
 // two floats: P recomputed from one rounded float (|lse2| ~ 10, an ulp ~1e-6)
 // carried that rounding into every P of the row alike, an error that does not
 // cancel in dS = P (dP - D) and cost dq / dk up to ~2.5x the error of a plain
 // float32 softmax.
-inline void exp2_sub2(float* s, int64_t n, float hi, float lo) {
-  const VT hv = V::set1(hi), lv = V::set1(lo);
-  for (int64_t j = 0; j < n; j += kW) V::store(s + j, V::exp2(V::sub(V::sub(V::load(s + j), hv), lv)));
+inline void exp2_sub2(float* s, int64_t n, float c, float hi, float lo) {
+  const VT cv = V::set1(c), hv = V::set1(-hi), lv = V::set1(lo);
+  for (int64_t j = 0; j < n; j += kW) V::store(s + j, V::exp2(V::sub(V::fma(V::load(s + j), cv, hv), lv)));
 }
 
 inline void scale_row(float* s, int64_t n, float f) {
@@ -245,7 +248,7 @@ inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
   const float qscale = p.scale * kLog2e;
   for (int64_t r = 0; r < rows; ++r) {
     const float* src = ctx.q + (s.q0 + i0 + r) * q_rs + h * D;
-    for (int64_t d = 0; d < D; ++d) qs[r * D + d] = src[d] * qscale;
+    for (int64_t d = 0; d < D; ++d) qs[r * D + d] = src[d];  // scaled in exp2_sub_sum
     mrow[r] = ninf;
     lrow[r] = 0.f;
   }
@@ -276,10 +279,10 @@ inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
       if (fm) flashmask_block(ctx, b, h, i0 + r0, nr, k0, w, S + r0 * kBlockK, nullptr);
       for (int64_t r = r0; r < r0 + nr; ++r) {
         float* row = S + r * kBlockK;
-        const float mnew = std::max(mrow[r], row_max(row, w));
+        const float mnew = std::max(mrow[r], row_max(row, w) * qscale);  // any reference near the max
         const float mref = mnew == ninf ? 0.f : mnew;
         alpha[r] = std::exp2(mrow[r] - mref);
-        lrow[r] = lrow[r] * alpha[r] + exp2_sub_sum(row, w, mref);
+        lrow[r] = lrow[r] * alpha[r] + exp2_sub_sum(row, w, mref, qscale);
         mrow[r] = mnew;
         if (ctx.dropout) {
           dropout_row(ctx, sub, i0 + r, k0, w, z);
@@ -362,8 +365,7 @@ inline int64_t prep_block_floats(int64_t D) {
 // FlashAttention-2's loop order: key blocks outside, query blocks inside, so
 // a key block's packed K / V and its dK / dV rows stay in cache while the
 // queries stream past. Per query head, every query block of the chunk is
-// prepared once into `prep` (prep_block_floats(D) per block): Q scaled by
-// scale * log2(e), dO, Q and dO as panels, lse in log2 units (two floats, see
+// prepared once into `prep` (prep_block_floats(D) per block): Q, dO, Q and dO as panels, lse in log2 units (two floats, see
 // exp2_sub2) and D = rowsum(dO * O). Accumulates dK, dV into dk_acc / dv_acc (Lk x D, zeroed
 // here) and dQ of one query head into dq_acc (Lq x D), from which it writes dq.
 inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk, int64_t chunks, float* dk_acc,
@@ -404,7 +406,7 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
       const float* orows = ctx.o + (s.q0 + i0) * q_rs + h * D;
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t d = 0; d < D; ++d) {
-          qs[r * D + d] = qrows[r * q_rs + d] * qscale;
+          qs[r * D + d] = qrows[r * q_rs + d];  // scaled in exp2_sub2
           dos[r * D + d] = dorows[r * q_rs + d];
         }
         const double l2 = static_cast<double>(ctx.lse[ctx.lse_index(s, h, i0 + r)]) * kLog2ed;
@@ -457,7 +459,7 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
             if (lse2[r] == inf) {
               std::fill(prow, prow + w, 0.f);
             } else {
-              exp2_sub2(prow, w, lse2[r], lse2_lo[r]);
+              exp2_sub2(prow, w, qscale, lse2[r], lse2_lo[r]);
             }
             const VT di = V::set1(Di[r]), sc = V::set1(p.scale);
             if (ctx.dropout) {
