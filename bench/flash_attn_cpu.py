@@ -20,6 +20,13 @@ inputs (outputs included), each implementation in a fresh process: the peak
 RSS during the call (VmHWM, reset just before through /proc/self/clear_refs)
 minus the RSS before it.
 
+Then (--flashmask-seq, default 4096) FlashMask with a causal document mask of
+2 and 8 equal documents against plain causal attention at that S: time per
+unmasked FLOP (the visible pairs, counted like causal's) as a ratio to plain
+causal's (target <= 1.2: tiles the mask hides are skipped), and the same for
+the documents run as separate causal sequences (batch = documents): what
+short attention costs per FLOP without any mask.
+
 Run: python bench/flash_attn_cpu.py [--seqs 512,1024,2048,4096] [--threads 1,2]
      [--repeats 5] [--torch-python /path/to/python] [--memory-seq 4096]
      [--paddle-max-seq 4096] [--clock wall|cpu]
@@ -94,6 +101,22 @@ class Paddle:
         if self.backward:
             return self.paddle.grad([out], [self.q, self.k, self.v], [self.dout])
         return out
+
+
+class FlashMask(Paddle):
+    """paddle_ext's FlashMask kernel with a causal mask of `docs` equal documents."""
+
+    def __init__(self, b: int, s: int, h: int, d: int, docs: int, backward: bool):
+        super().__init__("ext", b, s, h, d, True, backward)
+        from paddle_ext.ops.flashmask import flashmask_attention
+
+        ends = (np.arange(s) // (s // docs) + 1) * (s // docs)
+        mask = self.paddle.to_tensor(np.minimum(ends, s).astype(np.int32).reshape(1, 1, s, 1))
+        self.fn = lambda: flashmask_attention(self.q, self.k, self.v, mask, causal=True)
+
+
+def document_mask_flops(s: int, heads: int, d: int, docs: int, backward: bool) -> float:
+    return docs * attention_flops(s // docs, heads, d, True, backward)
 
 
 class Torch:
@@ -297,6 +320,8 @@ def main() -> None:
     parser.add_argument("--torch-python", default=os.environ.get("PADDLE_EXT_BENCH_TORCH_PYTHON"))
     parser.add_argument("--memory-seq", type=int, default=4096, help="0 skips the memory table")
     parser.add_argument("--modes", default="fwd,fwd+bwd")
+    parser.add_argument("--flashmask-seq", type=int, default=4096, help="0 skips the FlashMask rows")
+    parser.add_argument("--flashmask-docs", default="2,8")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="cpu: process CPU time (only with --threads 1), for a loaded machine")
     args = parser.parse_args()
@@ -404,6 +429,38 @@ def main() -> None:
         big = [c["gflops"] / r["gflops"] for r, c in per_flop if r["s"] >= 1024]
         if big:
             print(f"  worst for S >= 1024: {min(big):.2f}")
+
+    if args.flashmask_seq:
+        s, docs_list = args.flashmask_seq, [int(x) for x in args.flashmask_docs.split(",")]
+        print(f"\nFlashMask, causal document mask, S={s}: time per unmasked FLOP / plain causal's "
+              "(target <= 1.2):")
+        for threads in thread_counts:
+            for backward in modes:
+                impls = {"causal": Paddle("ext", 1, s, h, d, True, backward)}
+                impls.update({docs: FlashMask(1, s, h, d, docs, backward) for docs in docs_list})
+                # the same unmasked work as separate causal sequences (batch = documents)
+                impls.update({-docs: Paddle("ext", docs, s // docs, h, d, True, backward) for docs in docs_list})
+                samples = {name: [] for name in impls}
+                for impl in impls.values():
+                    impl.set_threads(threads)
+                    impl()  # warm-up
+                for _ in range(args.repeats):
+                    for name, impl in impls.items():
+                        if threads > 1:
+                            impl()
+                        t0 = CLOCK()
+                        impl()
+                        samples[name].append(CLOCK() - t0)
+                med = {name: statistics.median(v) for name, v in samples.items()}
+                per_flop_causal = med["causal"] / attention_flops(s, h, d, True, backward)
+                for docs in docs_list:
+                    per_flop = med[docs] / document_mask_flops(s, h, d, docs, backward)
+                    separate = med[-docs] / document_mask_flops(s, h, d, docs, backward)
+                    print(f"  threads={threads} {'fwd+bwd' if backward else 'fwd    '} {docs} documents: "
+                          f"{med[docs] * 1e3:8.1f} ms (plain causal {med['causal'] * 1e3:8.1f} ms) -> "
+                          f"{per_flop / per_flop_causal:.2f}; as {docs} separate sequences of {s // docs}: "
+                          f"{med[-docs] * 1e3:.1f} ms -> {separate / per_flop_causal:.2f}", flush=True)
+                del impls
 
     if args.memory_seq:
         s = args.memory_seq

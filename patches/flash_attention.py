@@ -14,7 +14,9 @@ probabilities with dropped entries negated), and 3.x's packed-QKV names
 flash_attn_qkvpacked / flash_attn_varlen_qkvpacked (module and
 paddle.nn.functional; no CPU kernel in Paddle) at
 paddle_ext.ops.flash_attention_packed and calc_reduced_attention_scores at
-paddle_ext.ops.attention_scores, where the release has them. On CPU builds
+paddle_ext.ops.attention_scores, and flashmask_attention (on CPU tensors:
+paddle_ext.ops.flashmask; GPU tensors keep Paddle's kernel), where the
+release has them. On CPU builds
 static graphs (paddle.static, to_static) get the plugin's custom ops as well:
 Paddle's flash_attn / flash_attn_unpadded / packed ops have no CPU kernel;
 GPU builds keep Paddle's ops in static programs.
@@ -37,14 +39,16 @@ from paddle_ext.ops.attention_scores import calc_reduced_attention_scores as plu
 from paddle_ext.ops.flash_attention import FLOAT_DTYPES as PLUGIN_DTYPES
 from paddle_ext.ops.flash_attention import flash_attention as plugin_flash_attention
 from paddle_ext.ops.flash_attention import flash_attn_unpadded as plugin_flash_attn_unpadded
+from paddle_ext.ops.flashmask import flashmask_attention as plugin_flashmask_attention
 from paddle_ext.patches._unit import Patcher, PatchUnit
 
 MODULE = "paddle.nn.functional.flash_attention"
 NAMES = ("flash_attention", "flash_attn_unpadded")
 # 3.x names, patched where the release defines them (2.6.2 has none).
-PACKED_NAMES = ("flash_attn_qkvpacked", "flash_attn_varlen_qkvpacked", "calc_reduced_attention_scores")
+PACKED_NAMES = ("flash_attn_qkvpacked", "flash_attn_varlen_qkvpacked", "calc_reduced_attention_scores",
+                "flashmask_attention")
 PACKAGE = "paddle.nn.functional"
-OPS = ("pe_flash_attn", "pe_flash_attn_varlen")
+OPS = ("pe_flash_attn", "pe_flash_attn_varlen", "pe_flashmask_attn")
 
 
 def owner():
@@ -132,9 +136,28 @@ def _calc_reduced_attention_scores(original):
     return calc_reduced_attention_scores
 
 
+def _flashmask_attention(original):
+    @functools.wraps(original)
+    def flashmask_attention(query, key, value, startend_row_indices=None, *, dropout=0.0, causal=False,
+                            window_size=None, return_softmax_lse=False, return_seed_offset=False,
+                            fixed_seed_offset=None, rng_name="", training=True, name=None, softmax_scale=None,
+                            block_mask=None):
+        on_cpu = "cpu" in str(getattr(query, "place", "cpu")).lower()
+        plugin = on_cpu if compat.in_dynamic_mode() else compat.device_build() == "cpu"
+        fn = plugin_flashmask_attention if plugin else original
+        return fn(query, key, value, startend_row_indices, dropout=dropout, causal=causal, window_size=window_size,
+                  return_softmax_lse=return_softmax_lse, return_seed_offset=return_seed_offset,
+                  fixed_seed_offset=fixed_seed_offset, rng_name=rng_name, training=training, name=name,
+                  softmax_scale=softmax_scale, block_mask=block_mask)
+
+    flashmask_attention.__paddle_ext_unit__ = "flash_attention"
+    return flashmask_attention
+
+
 _PACKED_WRAPPERS = {"flash_attn_qkvpacked": _flash_attn_qkvpacked,
                     "flash_attn_varlen_qkvpacked": _flash_attn_varlen_qkvpacked,
-                    "calc_reduced_attention_scores": _calc_reduced_attention_scores}
+                    "calc_reduced_attention_scores": _calc_reduced_attention_scores,
+                    "flashmask_attention": _flashmask_attention}
 
 
 def packed_owners() -> list:

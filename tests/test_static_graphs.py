@@ -1,7 +1,7 @@
 """Static graphs with the plugin enabled: a paddle.static program and a
 paddle.jit.to_static function that call Paddle's flash attention names
 (flash_attention, flash_attn_unpadded, flash_attn_qkvpacked,
-flash_attn_varlen_qkvpacked) and fused_rotary_position_embedding run on CPU
+flash_attn_varlen_qkvpacked, flashmask_attention on 3.x) and fused_rotary_position_embedding run on CPU
 (Paddle's own ops have no CPU kernel there) and give the dynamic results, bit for
 bit, forward and gradients."""
 
@@ -50,10 +50,21 @@ def _inputs():
         "qkv": rng.standard_normal((2, 24, 3, 2, 32)).astype(np.float32),
         "rows": rng.standard_normal((16, 3, 2, 32)).astype(np.float32),
         "padded_cu": padded_cu,
+        "mq": rng.standard_normal((2, 24, 4, 32)).astype(np.float32),
+        "mk": rng.standard_normal((2, 24, 2, 32)).astype(np.float32),
+        "mv": rng.standard_normal((2, 24, 2, 32)).astype(np.float32),
+        # two documents, [0, 10) and [10, 24): key j hidden from the rows below its document
+        "startend": np.where(np.arange(24) < 10, 10, 24).astype(np.int32).reshape(1, 1, 24, 1).repeat(2, 0),
     }
 
 
-LEAVES = ("q", "k", "v", "uq", "uk", "qkv", "rows")
+def _has_flashmask() -> bool:
+    return hasattr(_fa(), "flashmask_attention")  # 3.x only
+
+
+LEAVES = ("q", "k", "v", "uq", "uk", "qkv", "rows") + (("mq", "mk", "mv") if _has_flashmask() else ())
+OUT_NAMES = ("flash_attention", "flash_attn_unpadded", "flash_attn_qkvpacked", "flash_attn_varlen_qkvpacked") + (
+    ("flashmask_attention",) if _has_flashmask() else ())
 
 
 def _model(t):
@@ -72,6 +83,8 @@ def _model(t):
     out_vpacked, _ = varlen_qkvpacked(t["rows"], t["padded_cu"], t["padded_cu"], 8, 8, 0.3,
                                                     causal=False)
     outs = [out_fa, out_varlen, out_packed, out_vpacked]
+    if _has_flashmask():
+        outs.append(fa.flashmask_attention(t["mq"], t["mk"], t["mv"], t["startend"], causal=True))
     loss = sum((o * o).mean() for o in outs)
     return outs, loss
 
@@ -99,8 +112,7 @@ def test_static_program_runs_the_plugin_ops_and_equals_dynamic(enabled):
     exe = paddle.static.Executor(paddle.CPUPlace())
     exe.run(startup)
     got = exe.run(main, feed=data, fetch_list=[*outs, *grads])
-    names = ("flash_attention", "flash_attn_unpadded", "flash_attn_qkvpacked", "flash_attn_varlen_qkvpacked",
-             *(f"d{name}" for name in LEAVES))
+    names = (*OUT_NAMES, *(f"d{name}" for name in LEAVES))
     for name, a, b in zip(names, got, want_outs + want_grads):
         np.testing.assert_array_equal(a, b, err_msg=name)
     assert not got[3][5:8].any() and not got[3][15:].any() and got[3][8:15].all()  # padding rows: zeros
@@ -119,8 +131,7 @@ def test_to_static_function_equals_dynamic(enabled):
         t[name].stop_gradient = False
     outs, loss = run(t)
     loss.backward()
-    for name, a, b in zip(("flash_attention", "flash_attn_unpadded", "flash_attn_qkvpacked",
-                           "flash_attn_varlen_qkvpacked"), outs, want_outs):
+    for name, a, b in zip(OUT_NAMES, outs, want_outs):
         np.testing.assert_array_equal(a.numpy(), b, err_msg=name)
     for name, want in zip(LEAVES, want_grads):
         np.testing.assert_array_equal(t[name].grad.numpy(), want, err_msg=f"d{name}")

@@ -62,6 +62,15 @@ struct Problem {
   // [B, Hq, Sq] has (Sq, Hq); varlen [Hq, total_q] has (total_q, 1).
   int64_t lse_head_stride = 0;
   int64_t lse_token_mult = 1;
+  // FlashMask (padded layout, CPU only): null, or int32 [batch, mask_heads,
+  // seqlen_k, mask_cols] in host memory, Paddle's startend_row_indices. For
+  // key column j the query rows it is hidden from: causal, 1 column (LTS):
+  // rows >= LTS; causal, 2 (LTS, LTE): [LTS, LTE); not causal, 2 (LTS, UTE):
+  // rows >= LTS and rows < UTE; not causal, 4: [LTS, LTE) and [UTS, UTE).
+  // mask_heads is 1 (all heads), heads_q or heads_k.
+  const int32_t* startend = nullptr;
+  int64_t mask_heads = 0;
+  int64_t mask_cols = 0;
 };
 
 // The causal diagonal's shift for a sequence of lq queries and lk keys: key j

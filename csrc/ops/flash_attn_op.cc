@@ -366,7 +366,79 @@ std::vector<Shape> FlashAttnVarlenGradInferShape(const Shape& q, const Shape& k,
   return {q, k, v};
 }
 
+// ---- FlashMask (CPU) ----------------------------------------------------------
+
+fa::Problem flashmask_problem(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& se, float scale,
+                              bool causal) {
+  fa::Problem p = padded_problem(q, k, scale, causal, false);
+  FA_CHECK(q.is_cpu() && se.is_cpu(), "flashmask attention runs on CPU tensors only (Paddle's kernel serves GPUs)");
+  const Shape ss = se.shape();
+  FA_CHECK(se.dtype() == paddle::DataType::INT32 && ss.size() == 4,
+           "startend_row_indices must be int32 [batch, heads, seqlen_k, 1|2|4], got shape ", shape_text(ss));
+  FA_CHECK(ss[0] == p.batch && ss[2] == p.seqlen_k && (ss[1] == 1 || ss[1] == p.heads_q || ss[1] == p.heads_k),
+           "startend_row_indices shape ", shape_text(ss), " must be [", p.batch, ", 1 | ", p.heads_q, " | ", p.heads_k,
+           ", ", p.seqlen_k, ", c]");
+  const int64_t c = ss[3];
+  FA_CHECK(causal ? (c == 1 || c == 2) : (c == 2 || c == 4), "startend_row_indices' last dim must be ",
+           causal ? "1 or 2 (causal)" : "2 or 4 (not causal)", ", got ", c);
+  p.startend = se.data<int32_t>();
+  p.mask_heads = ss[1];
+  p.mask_cols = c;
+  return p;
+}
+
+std::vector<paddle::Tensor> FlashMaskForward(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& v,
+                                             const paddle::Tensor& se, const OptTensor& fixed_seed_offset, float scale,
+                                             float dropout, bool causal, bool is_test, const std::string& rng_name) {
+  check_qkv(q, k, v, 4);
+  const fa::Problem p = flashmask_problem(q, k, se, scale, causal);
+  return run_forward(p, q, k, v, fixed_seed_offset, dropout, false, is_test, rng_name,
+                     {p.batch, p.heads_q, p.seqlen_q});
+}
+
+std::vector<paddle::Tensor> FlashMaskBackward(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::Tensor& v,
+                                              const paddle::Tensor& se, const paddle::Tensor& out,
+                                              const paddle::Tensor& lse, const paddle::Tensor& so,
+                                              const paddle::Tensor& out_grad, float scale, float dropout, bool causal,
+                                              bool is_test, const std::string& rng_name) {
+  (void)rng_name;
+  const fa::Problem p = flashmask_problem(q, k, se, scale, causal);
+  return run_backward(p, q, k, v, out, lse, so, out_grad, dropout, is_test);
+}
+
+std::vector<Shape> FlashMaskInferShape(const Shape& q, const Shape& k, const Shape& v, const Shape& se,
+                                       const OptShape& so, float scale, float dropout, bool causal, bool is_test,
+                                       const std::string& rng_name) {
+  return {q, {1}, {q[0], q[2], q[1]}, {2}};
+}
+
+std::vector<paddle::DataType> FlashMaskInferDtype(const paddle::DataType& q, const paddle::DataType& k,
+                                                  const paddle::DataType& v, const paddle::DataType& se,
+                                                  const OptDtype& so) {
+  return {q, q, paddle::DataType::FLOAT32, paddle::DataType::INT64};
+}
+
+std::vector<Shape> FlashMaskGradInferShape(const Shape& q, const Shape& k, const Shape& v, const Shape& se,
+                                           const Shape& out, const Shape& lse, const Shape& so, const Shape& out_grad) {
+  return {q, k, v};
+}
+
 }  // namespace
+
+PD_BUILD_OP(pe_flashmask_attn)
+    .Inputs({"Q", "K", "V", "StartEndRowIndices", paddle::Optional("FixedSeedOffset")})
+    .Outputs({"Out", "Softmax", "SoftmaxLse", "SeedOffset"})
+    .Attrs({"scale: float", "dropout: float", "causal: bool", "is_test: bool", "rng_name: std::string"})
+    .SetKernelFn(PD_KERNEL(FlashMaskForward))
+    .SetInferShapeFn(PD_INFER_SHAPE(FlashMaskInferShape))
+    .SetInferDtypeFn(PD_INFER_DTYPE(FlashMaskInferDtype));
+
+PD_BUILD_GRAD_OP(pe_flashmask_attn)
+    .Inputs({"Q", "K", "V", "StartEndRowIndices", "Out", "SoftmaxLse", "SeedOffset", paddle::Grad("Out")})
+    .Outputs({paddle::Grad("Q"), paddle::Grad("K"), paddle::Grad("V")})
+    .Attrs({"scale: float", "dropout: float", "causal: bool", "is_test: bool", "rng_name: std::string"})
+    .SetKernelFn(PD_KERNEL(FlashMaskBackward))
+    .SetInferShapeFn(PD_INFER_SHAPE(FlashMaskGradInferShape));
 
 PD_BUILD_OP(pe_flash_attn)
     .Inputs({"Q", "K", "V", paddle::Optional("FixedSeedOffset")})

@@ -58,7 +58,8 @@ constexpr int64_t kBlockK = 256;  // keys per inner step (a multiple of kPanel a
 constexpr int64_t kPanel = 16;    // columns of a packed K^T / V^T panel
 static_assert(kBlockQ % 6 == 0 && kBlockK % 32 == 0, "block sizes");
 constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
+constexpr double kLog2ed = 1.4426950408889634;
+constexpr double kLn2d = 0.6931471805599453;
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
@@ -73,6 +74,12 @@ Seq seq(const Problem& p, int64_t b) {
   }
   return {b * p.seqlen_q, p.seqlen_q, b * p.seqlen_k, p.seqlen_k};
 }
+
+// FlashMask bounds of one (sequence, mask head, key block): the extremes over
+// its keys of the two hidden row intervals [a1, b1), [a2, b2).
+struct FmBlock {
+  int32_t max_a1, min_b1, min_a1, max_b1, max_a2, min_b2, min_a2, max_b2;
+};
 
 // float32 views of the operands and where the results go.
 struct Ctx {
@@ -97,6 +104,17 @@ struct Ctx {
   bool dropout = false;
   uint32_t threshold = 0;
   float inv_keep = 1.f;
+  // FlashMask: per (sequence, mask head, key) the hidden query rows as
+  // a1, b1, a2, b2 (intervals [a1, b1) and [a2, b2)), and per key block of
+  // kBlockK their bounds.
+  std::vector<int32_t> fm_rows;
+  std::vector<FmBlock> fm_blocks;
+  int64_t fm_key_blocks = 0;
+
+  int64_t mask_head(int64_t h) const {
+    if (p.mask_heads == p.heads_q) return h;
+    return p.mask_heads == p.heads_k ? h / (p.heads_q / p.heads_k) : 0;
+  }
 
   int64_t pack_base(int64_t b, int64_t kvh) const {
     return pack_offset[b] + kvh * round_up(seq(p, b).lk, kPanel) * round_up(p.head_dim, kPanel);
@@ -249,6 +267,69 @@ void init_ctx(Ctx* ctx, const Problem& p) {
   if (ctx->dropout) {
     ctx->threshold = dropout_threshold(p.dropout);
     ctx->inv_keep = 1.f / (1.f - p.dropout);
+  }
+  if (p.startend == nullptr) return;
+  // FlashMask: each key's hidden rows as two intervals, then per key block the
+  // bounds that tell a tile fully hidden (skipped), untouched or partly hidden.
+  const int64_t lk = p.seqlen_k, cols = p.mask_cols, n = p.batch * p.mask_heads;
+  constexpr int32_t kBig = std::numeric_limits<int32_t>::max(), kSmall = std::numeric_limits<int32_t>::min();
+  ctx->fm_rows.resize(static_cast<size_t>(n * lk * 4));
+  ctx->fm_key_blocks = (lk + kBlockK - 1) / kBlockK;
+  ctx->fm_blocks.resize(static_cast<size_t>(n * ctx->fm_key_blocks));
+  for (int64_t t = 0; t < n; ++t) {
+    for (int64_t j = 0; j < lk; ++j) {
+      const int32_t* se = p.startend + (t * lk + j) * cols;
+      int32_t* iv = ctx->fm_rows.data() + (t * lk + j) * 4;
+      if (p.causal) {
+        iv[0] = se[0], iv[1] = cols == 2 ? se[1] : kBig, iv[2] = 0, iv[3] = 0;
+      } else if (cols == 2) {
+        iv[0] = se[0], iv[1] = kBig, iv[2] = 0, iv[3] = se[1];
+      } else {
+        iv[0] = se[0], iv[1] = se[1], iv[2] = se[2], iv[3] = se[3];
+      }
+    }
+    for (int64_t kb = 0; kb < ctx->fm_key_blocks; ++kb) {
+      FmBlock f{kSmall, kBig, kBig, kSmall, kSmall, kBig, kBig, kSmall};
+      for (int64_t j = kb * kBlockK; j < std::min<int64_t>(lk, (kb + 1) * kBlockK); ++j) {
+        const int32_t* iv = ctx->fm_rows.data() + (t * lk + j) * 4;
+        f.max_a1 = std::max(f.max_a1, iv[0]), f.min_a1 = std::min(f.min_a1, iv[0]);
+        f.min_b1 = std::min(f.min_b1, iv[1]), f.max_b1 = std::max(f.max_b1, iv[1]);
+        f.max_a2 = std::max(f.max_a2, iv[2]), f.min_a2 = std::min(f.min_a2, iv[2]);
+        f.min_b2 = std::min(f.min_b2, iv[3]), f.max_b2 = std::max(f.max_b2, iv[3]);
+      }
+      ctx->fm_blocks[t * ctx->fm_key_blocks + kb] = f;
+    }
+  }
+}
+
+// How the FlashMask covers query rows [i0, i1) x key block k0 (a multiple of
+// kBlockK) of query head h: not at all, partly, or fully (the tile is skipped).
+enum class Cover { kNone, kPartial, kFull };
+
+Cover flashmask_cover(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, int64_t i1, int64_t k0) {
+  if (ctx.p.startend == nullptr) return Cover::kNone;
+  const FmBlock& f = ctx.fm_blocks[(b * ctx.p.mask_heads + ctx.mask_head(h)) * ctx.fm_key_blocks + k0 / kBlockK];
+  if ((f.max_a1 <= i0 && f.min_b1 >= i1) || (f.max_a2 <= i0 && f.min_b2 >= i1)) return Cover::kFull;
+  const bool miss1 = f.min_a1 >= i1 || f.max_b1 <= i0, miss2 = f.min_a2 >= i1 || f.max_b2 <= i0;
+  return miss1 && miss2 ? Cover::kNone : Cover::kPartial;
+}
+
+// S = -inf (and dP = 0 when given) where the FlashMask hides key k0 + c from
+// query i0 + r (r < rows, c < width; rows kBlockK apart).
+void flashmask_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, int64_t rows, int64_t k0, int64_t width,
+                     float* S, float* dP) {
+  const int64_t lk = ctx.p.seqlen_k;
+  const int32_t* iv = ctx.fm_rows.data() + ((b * ctx.p.mask_heads + ctx.mask_head(h)) * lk + k0) * 4;
+  const int64_t cols = std::min<int64_t>(width, lk - k0);
+  const float ninf = -std::numeric_limits<float>::infinity();
+  for (int64_t c = 0; c < cols; ++c, iv += 4) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t i = i0 + r;
+      if ((iv[0] <= i && i < iv[1]) || (iv[2] <= i && i < iv[3])) {
+        S[r * kBlockK + c] = ninf;
+        if (dP != nullptr) dP[r * kBlockK + c] = 0.f;
+      }
+    }
   }
 }
 

@@ -9,11 +9,12 @@
 //    row-major with contiguous columns (a key/value row, or a packed K^T / V^T
 //    panel of 16 columns);
 //  - row-wise max / exp2 / sum for the online softmax, in log2 units (the
-//    query tile is pre-multiplied by scale * log2(e)).
+//    scores are scaled by scale * log2(e) inside the exponent's fused
+//    multiply-add; softmax_block pre-multiplies its query tile instead).
 //
 // Expects, from the includer: PE_FA_NS, PE_FA_VEC, and in the enclosing
 // namespace: Ctx, Seq, seq(), kBlockQ, kBlockK, kPanel, dropout_row_scalar(),
-// store_rows(), load_rows().
+// store_rows(), load_rows(), flashmask_cover(), flashmask_block().
 
 namespace PE_FA_NS {
 
@@ -37,34 +38,46 @@ inline void dropout_row(const Ctx& ctx, uint64_t subsequence, int64_t i, int64_t
   }
 }
 
+// Inner products are summed in chunks of kChunk: each chunk from zero in the
+// registers, then added to C. One chain over the whole K (a head_dim of 256,
+// or a key block of 256) lost up to ~3x the float32 accuracy of Paddle's own
+// matmul (MKL), and with it flash-attention's 2x accuracy rule at large
+// head_dim; blocked sums bound the error by about (kChunk + K / kChunk)
+// roundings instead of K, for one load-add-store of the C tile per chunk.
+constexpr int64_t kChunk = 32;
+
 // C[M x NV*8] (op)= A B. A(m, k) = a[m * a_rs + k * a_cs], B(k, n) = b[k * b_rs + n],
 // C(m, n) = c[m * c_rs + n]; kScaleAdd: C = alpha[m] * C + A B.
 template <int M, int NV>
 inline void micro(int64_t K, const float* a, int64_t a_rs, int64_t a_cs, const float* b, int64_t b_rs, float* c,
                   int64_t c_rs, int mode, const float* alpha) {
-  VT acc[M][NV];
-  for (int m = 0; m < M; ++m)
-    for (int n = 0; n < NV; ++n) acc[m][n] = V::zero();
-  for (int64_t k = 0; k < K; ++k) {
-    VT bv[NV];
-    for (int n = 0; n < NV; ++n) bv[n] = V::load(b + k * b_rs + n * kW);
-    const float* ak = a + k * a_cs;
-    for (int m = 0; m < M; ++m) {
-      const VT av = V::set1(ak[m * a_rs]);
-      for (int n = 0; n < NV; ++n) acc[m][n] = V::fma(av, bv[n], acc[m][n]);
-    }
-  }
-  for (int m = 0; m < M; ++m) {
-    float* cm = c + m * c_rs;
-    for (int n = 0; n < NV; ++n) {
-      VT r = acc[m][n];
-      if (mode == kAdd) {
-        r = V::add(r, V::load(cm + n * kW));
-      } else if (mode == kScaleAdd) {
-        r = V::fma(V::set1(alpha[m]), V::load(cm + n * kW), r);
+  for (int64_t k0 = 0;; k0 += kChunk, mode = kAdd) {  // chunks after the first add to C
+    const int64_t k1 = std::min<int64_t>(K, k0 + kChunk);
+    VT acc[M][NV];
+    for (int m = 0; m < M; ++m)
+      for (int n = 0; n < NV; ++n) acc[m][n] = V::zero();
+    for (int64_t k = k0; k < k1; ++k) {
+      VT bv[NV];
+      for (int n = 0; n < NV; ++n) bv[n] = V::load(b + k * b_rs + n * kW);
+      const float* ak = a + k * a_cs;
+      for (int m = 0; m < M; ++m) {
+        const VT av = V::set1(ak[m * a_rs]);
+        for (int n = 0; n < NV; ++n) acc[m][n] = V::fma(av, bv[n], acc[m][n]);
       }
-      V::store(cm + n * kW, r);
     }
+    for (int m = 0; m < M; ++m) {
+      float* cm = c + m * c_rs;
+      for (int n = 0; n < NV; ++n) {
+        VT r = acc[m][n];
+        if (mode == kAdd) {
+          r = V::add(r, V::load(cm + n * kW));
+        } else if (mode == kScaleAdd) {
+          r = V::fma(V::set1(alpha[m]), V::load(cm + n * kW), r);
+        }
+        V::store(cm + n * kW, r);
+      }
+    }
+    if (k1 >= K) break;
   }
 }
 
@@ -131,16 +144,28 @@ inline float row_max(const float* s, int64_t n) {
   return V::hmax(mx);
 }
 
-// s = 2^(s - m); returns the sum.
-inline float exp2_sub_sum(float* s, int64_t n, float m) {
-  const VT mv = V::set1(m);
+// s = 2^(c s - m), c s - m in one fused multiply-add; returns the sum. The
+// scores come unscaled: scaling the query by c = scale * log2(e) before the
+// product rounded each of its elements, about doubling the scores' error.
+inline float exp2_sub_sum(float* s, int64_t n, float m, float c = 1.f) {
+  const VT mv = V::set1(-m), cv = V::set1(c);
   VT sum = V::zero();
   for (int64_t j = 0; j < n; j += kW) {
-    const VT e = V::exp2(V::sub(V::load(s + j), mv));
+    const VT e = V::exp2(V::fma(V::load(s + j), cv, mv));
     V::store(s + j, e);
     sum = V::add(sum, e);
   }
   return V::hsum(sum);
+}
+
+// s = 2^(c s - hi - lo) for a row's log-sum-exp hi + lo in log2 units, held as
+// two floats: P recomputed from one rounded float (|lse2| ~ 10, an ulp ~1e-6)
+// carried that rounding into every P of the row alike, an error that does not
+// cancel in dS = P (dP - D) and cost dq / dk up to ~2.5x the error of a plain
+// float32 softmax.
+inline void exp2_sub2(float* s, int64_t n, float c, float hi, float lo) {
+  const VT cv = V::set1(c), hv = V::set1(-hi), lv = V::set1(lo);
+  for (int64_t j = 0; j < n; j += kW) V::store(s + j, V::exp2(V::sub(V::fma(V::load(s + j), cv, hv), lv)));
 }
 
 inline void scale_row(float* s, int64_t n, float f) {
@@ -223,7 +248,7 @@ inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
   const float qscale = p.scale * kLog2e;
   for (int64_t r = 0; r < rows; ++r) {
     const float* src = ctx.q + (s.q0 + i0 + r) * q_rs + h * D;
-    for (int64_t d = 0; d < D; ++d) qs[r * D + d] = src[d] * qscale;
+    for (int64_t d = 0; d < D; ++d) qs[r * D + d] = src[d];  // scaled in exp2_sub_sum
     mrow[r] = ninf;
     lrow[r] = 0.f;
   }
@@ -234,10 +259,13 @@ inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
   bool first = true;
   for (int64_t k0 = 0; k0 < kv_end; k0 += kBlockK) {
     const int64_t bk = std::min<int64_t>(kBlockK, kv_end - k0);
+    const Cover cover = flashmask_cover(ctx, b, h, i0, i0 + rows, k0);
+    if (cover == Cover::kFull) continue;  // FlashMask hides the whole tile
+    const bool fm = cover == Cover::kPartial;
     // Row tile t (kMR rows) scores only the keys its last row sees (all bk
     // off the diagonal), exponentiates those, and sums only them in P V: the
     // masked triangle of a diagonal block is neither scored nor exponentiated.
-    const bool masked = block_needs_mask(ctx, s, i0, k0, bk);
+    const bool masked = fm || block_needs_mask(ctx, s, i0, k0, bk);
     int64_t keys[kBlockQ / kMR], wt[kBlockQ / kMR];
     const int64_t tiles = (rows + kMR - 1) / kMR;
     for (int64_t t = 0; t < tiles; ++t) {
@@ -248,12 +276,13 @@ inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t r0 = t * kMR, nr = std::min<int64_t>(kMR, rows - r0), w = wt[t];
       if (masked) mask_block(ctx, s, i0 + r0, nr, k0, bk, w, S + r0 * kBlockK);
+      if (fm) flashmask_block(ctx, b, h, i0 + r0, nr, k0, w, S + r0 * kBlockK, nullptr);
       for (int64_t r = r0; r < r0 + nr; ++r) {
         float* row = S + r * kBlockK;
-        const float mnew = std::max(mrow[r], row_max(row, w));
+        const float mnew = std::max(mrow[r], row_max(row, w) * qscale);  // any reference near the max
         const float mref = mnew == ninf ? 0.f : mnew;
         alpha[r] = std::exp2(mrow[r] - mref);
-        lrow[r] = lrow[r] * alpha[r] + exp2_sub_sum(row, w, mref);
+        lrow[r] = lrow[r] * alpha[r] + exp2_sub_sum(row, w, mref, qscale);
         mrow[r] = mnew;
         if (ctx.dropout) {
           dropout_row(ctx, sub, i0 + r, k0, w, z);
@@ -272,8 +301,10 @@ inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
     } else {
       scale_row(O + r * D, D, any ? 1.f / lrow[r] : 0.f);
     }
+    // in double, rounded once: the backward pass recomputes P from it
     ctx.lse[ctx.lse_index(s, h, i0 + r)] =
-        any ? (mrow[r] + std::log2(lrow[r])) * kLn2 : std::numeric_limits<float>::infinity();
+        any ? static_cast<float>((static_cast<double>(mrow[r]) + std::log2(static_cast<double>(lrow[r]))) * kLn2d)
+            : std::numeric_limits<float>::infinity();
   }
   store_rows(p.kind, O, D, rows, D, ctx.out, (s.q0 + i0) * q_rs + h * D, q_rs);
 }
@@ -305,6 +336,8 @@ inline void softmax_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
     const int64_t width = (bk + kPanel - 1) / kPanel * kPanel;
     gemm(rows, width, D, qs, D, 1, kt + k0 * D, kPanel, kPanel * D, S, kBlockK, kStore);
     if (block_needs_mask(ctx, s, i0, k0, bk)) mask_block(ctx, s, i0, rows, k0, bk, width, S);
+    if (flashmask_cover(ctx, b, h, i0, i0 + rows, k0) != Cover::kNone)
+      flashmask_block(ctx, b, h, i0, rows, k0, width, S, nullptr);
     for (int64_t r = 0; r < rows; ++r) {
       float* row = S + r * kBlockK;
       if (lse2[r] == inf) {
@@ -324,7 +357,7 @@ inline void softmax_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
 // Floats of backward_unit's per-query-block preparation (see there).
 inline int64_t prep_block_floats(int64_t D) {
   const int64_t Dp = (D + kPanel - 1) / kPanel * kPanel;
-  return kBlockQ * (2 * D + 2 * Dp + 2);
+  return kBlockQ * (2 * D + 2 * Dp + 3);
 }
 
 // Backward of one unit: kv head kvh of sequence b, the query blocks of its
@@ -332,9 +365,8 @@ inline int64_t prep_block_floats(int64_t D) {
 // FlashAttention-2's loop order: key blocks outside, query blocks inside, so
 // a key block's packed K / V and its dK / dV rows stay in cache while the
 // queries stream past. Per query head, every query block of the chunk is
-// prepared once into `prep` (prep_block_floats(D) per block): Q scaled by
-// scale * log2(e), dO, Q and dO as panels, lse in log2 units and D =
-// rowsum(dO * O). Accumulates dK, dV into dk_acc / dv_acc (Lk x D, zeroed
+// prepared once into `prep` (prep_block_floats(D) per block): Q, dO, Q and dO as panels, lse in log2 units (two floats, see
+// exp2_sub2) and D = rowsum(dO * O). Accumulates dK, dV into dk_acc / dv_acc (Lk x D, zeroed
 // here) and dQ of one query head into dq_acc (Lq x D), from which it writes dq.
 inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk, int64_t chunks, float* dk_acc,
                           float* dv_acc, float* dq_acc, float* prep, float* scratch) {
@@ -367,16 +399,19 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
       float* qp = dos + kBlockQ * D;
       float* dop = qp + kBlockQ * Dp;
       float* lse2 = dop + kBlockQ * Dp;
-      float* Di = lse2 + kBlockQ;
+      float* lse2_lo = lse2 + kBlockQ;
+      float* Di = lse2_lo + kBlockQ;
       const float* qrows = ctx.q + (s.q0 + i0) * q_rs + h * D;
       const float* dorows = ctx.dout + (s.q0 + i0) * q_rs + h * D;
       const float* orows = ctx.o + (s.q0 + i0) * q_rs + h * D;
       for (int64_t r = 0; r < rows; ++r) {
         for (int64_t d = 0; d < D; ++d) {
-          qs[r * D + d] = qrows[r * q_rs + d] * qscale;
+          qs[r * D + d] = qrows[r * q_rs + d];  // scaled in exp2_sub2
           dos[r * D + d] = dorows[r * q_rs + d];
         }
-        lse2[r] = ctx.lse[ctx.lse_index(s, h, i0 + r)] * kLog2e;
+        const double l2 = static_cast<double>(ctx.lse[ctx.lse_index(s, h, i0 + r)]) * kLog2ed;
+        lse2[r] = static_cast<float>(l2);
+        lse2_lo[r] = std::isfinite(l2) ? static_cast<float>(l2 - lse2[r]) : 0.f;
         Di[r] = dot(dorows + r * q_rs, orows + r * q_rs, D);
       }
       pack_block_rows(qrows, q_rs, rows, D, 1.f, qp);
@@ -389,18 +424,22 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
         // Keys of this block that the block's last (most seeing) query sees.
         const int64_t bk = visible_cols(ctx, s, i0 + rows - 1, k0, std::min<int64_t>(kBlockK, s.lk - k0));
         if (bk <= 0) continue;
+        const Cover cover = flashmask_cover(ctx, b, h, i0, i0 + rows, k0);
+        if (cover == Cover::kFull) continue;  // FlashMask hides the whole tile
+        const bool fm = cover == Cover::kPartial;
         const int64_t width = panel_width(bk);
         const float* qs = prep + n * prep_floats;
         const float* dos = qs + kBlockQ * D;
         const float* qp = dos + kBlockQ * D;
         const float* dop = qp + kBlockQ * Dp;
         const float* lse2 = dop + kBlockQ * Dp;
-        const float* Di = lse2 + kBlockQ;
+        const float* lse2_lo = lse2 + kBlockQ;
+        const float* Di = lse2_lo + kBlockQ;
         // P and dS tile by tile (kMR rows), over the columns the tile's last
         // row sees (the masked triangle of a diagonal block is left out) and,
         // masked, the kMR - 1 after them: the dV / dK tiles below read a row
         // up to that far past the last column it sees.
-        const bool masked = block_needs_mask(ctx, s, i0, k0, bk);
+        const bool masked = fm || block_needs_mask(ctx, s, i0, k0, bk);
         int64_t keys[kBlockQ / kMR], wc[kBlockQ / kMR];
         const int64_t tiles = (rows + kMR - 1) / kMR;
         for (int64_t t = 0; t < tiles; ++t) {
@@ -413,13 +452,14 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
           const int64_t r0 = t * kMR, nr = std::min<int64_t>(kMR, rows - r0);
           const int64_t w = masked ? std::min<int64_t>(width, panel_width(keys[t] + kMR - 1)) : wc[t];
           if (masked) mask_block(ctx, s, i0 + r0, nr, k0, bk, w, S + r0 * kBlockK, dP + r0 * kBlockK);
+          if (fm) flashmask_block(ctx, b, h, i0 + r0, nr, k0, w, S + r0 * kBlockK, dP + r0 * kBlockK);
           for (int64_t r = r0; r < r0 + nr; ++r) {
             float* prow = S + r * kBlockK;
             float* drow = dP + r * kBlockK;
             if (lse2[r] == inf) {
               std::fill(prow, prow + w, 0.f);
             } else {
-              exp2_sub_sum(prow, w, lse2[r]);
+              exp2_sub2(prow, w, qscale, lse2[r], lse2_lo[r]);
             }
             const VT di = V::set1(Di[r]), sc = V::set1(p.scale);
             if (ctx.dropout) {
