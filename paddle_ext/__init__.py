@@ -12,7 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from paddle_ext._version import __version__
+from paddle_ext import _source_tree
+
+_source_tree.check()  # an unbuilt checkout stops here, saying what to run
+
+from paddle_ext._version import __version__  # noqa: E402
 
 __all__ = ["__version__", "enable", "disable", "patch_table"]
 
