@@ -399,11 +399,12 @@ def mkl_code_path(decide: bool = True) -> int | None:
     MKL_DEBUG_CPU_TYPE: 0 generic, 5 AVX2 ...). MKL decides at its first computation,
     from MKL_DEBUG_CPU_TYPE as it is then; decide=True decides now if it has not
     (argument 1: measured: 0 answers -1 while undecided), decide=False answers None
-    then. None too without that MKL. Loads the library (`import paddle` does anyway)."""
+    then. None too without that MKL, or before `import paddle` loaded it (it needs
+    the libiomp5 that Paddle loads first)."""
     import ctypes
 
     path = mkl_library_path()
-    fn = getattr(ctypes.CDLL(path), "mkl_serv_get_cpu_type", None) if path else None
+    fn = getattr(ctypes.CDLL(path), "mkl_serv_get_cpu_type", None) if path and mkl_loaded() else None
     if fn is None:
         return None
     fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int

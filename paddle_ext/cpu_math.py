@@ -76,9 +76,11 @@ def prefer_avx2_path() -> str:
 
 
 def path_name(code: int | None) -> str:
-    if code is None:
-        return "no MKL in this Paddle"
-    return PATH_NAMES.get(code, f"type {code}")
+    if code is not None:
+        return PATH_NAMES.get(code, f"type {code}")
+    if compat.mkl_library_path() is None:
+        return "none (this Paddle ships no MKL)"
+    return "not chosen yet (Paddle not imported in this process)"
 
 
 def describe() -> str:
