@@ -4,7 +4,7 @@ Paddle's x86-64 CPU wheels ship MKL 2019.0.5, which runs its generic (SSE)
 kernels on every CPU that is not Intel's, AVX2 and FMA or not: a 64x512x512
 float32 matmul ran ~3x slower on this project's AMD EPYC than with the AVX2
 kernels. That MKL still honours MKL_DEBUG_CPU_TYPE=5 (AVX2), read once, at its
-first computation. So `import paddle_ext` sets it, on AMD CPUs with AVX2 and FMA
+first computation (Paddle loads the library only then, too). So `import paddle_ext` sets it, on AMD CPUs with AVX2 and FMA
 only, when the environment does not already set it and PADDLE_EXT_MKL_AMD is not
 "off". Importing paddle_ext before paddle always works; after paddle it still
 works if no Paddle computation ran yet; after one, MKL has chosen for good and
@@ -75,18 +75,30 @@ def prefer_avx2_path() -> str:
     return said
 
 
-def path_name(code: int | None) -> str:
-    if code is not None:
-        return PATH_NAMES.get(code, f"type {code}")
-    if compat.mkl_library_path() is None:
-        return "none (this Paddle ships no MKL)"
-    return "not chosen yet (Paddle not imported in this process)"
+def path_name(code: int) -> str:
+    return PATH_NAMES.get(code, f"type {code}")
+
+
+def expected_path() -> str:
+    """The path MKL will take when it first computes, from the environment as it is now."""
+    if MKL_VARIABLE in os.environ:
+        value = os.environ[MKL_VARIABLE]
+        return path_name(int(value)) if value.isdigit() else f"{MKL_VARIABLE}={value}"
+    return path_name(0) if cpu()[0] == "AuthenticAMD" else "MKL's own choice for this CPU"
 
 
 def describe() -> str:
-    """One line: the CPU and the path Paddle's MKL takes (decides it if no computation has)."""
+    """One line: the CPU and the path Paddle's MKL takes (read from MKL once Paddle loaded
+    it, at its first computation; before that, the path it will take)."""
     vendor, model, _ = cpu()
-    return f"CPU {model} ({vendor}); Paddle's MKL code path: {path_name(compat.mkl_code_path())} ({decision})"
+    code = compat.mkl_code_path()
+    if code is not None:
+        path = path_name(code)
+    elif compat.mkl_library_path() is None:
+        path = "none (this Paddle ships no MKL)"
+    else:
+        path = f"{expected_path()}, once Paddle loads MKL at its first computation"
+    return f"CPU {model} ({vendor}); Paddle's MKL code path: {path} ({decision})"
 
 
 def matmul_gflops(repeats: int = 50) -> float:
@@ -128,18 +140,18 @@ def gflops_in_child(mkl_type: str | None) -> tuple[float, int | None]:
 
 def report() -> list[str]:
     """The doctor's lines: path, measured rate, and on AMD the other path's rate beside it."""
+    if compat.mkl_library_path() is None:
+        return [describe()]
+    here = matmul_gflops()  # Paddle loads MKL here, and MKL chooses its path
     code = compat.mkl_code_path()
     lines = [describe()]
-    if code is None:
-        return lines
-    here = matmul_gflops()
     shape = "x".join(map(str, MATMUL_SHAPE))
     lines.append(f"  float32 matmul {shape}: {here:.1f} GFLOP/s on this path")
     if not wants_avx2_path():
         return lines
-    other_type = None if code == int(AVX2) else AVX2
-    other, other_code = gflops_in_child(other_type)
-    lines.append(f"  {path_name(other_code)} path (measured in a child process): {other:.1f} GFLOP/s")
+    other, other_code = gflops_in_child(None if code == int(AVX2) else AVX2)
+    other_name = "no MKL" if other_code is None else path_name(other_code)
+    lines.append(f"  {other_name} path (measured in a child process): {other:.1f} GFLOP/s")
     if code != int(AVX2) and other > here:
         lines.append(f"  SLOW PATH: this AMD CPU runs MKL's AVX2 kernels {other / here:.1f}x faster: import "
                      f"paddle_ext before paddle, or set {MKL_VARIABLE}={AVX2} before starting Python")
