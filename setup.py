@@ -11,6 +11,7 @@ Two native parts:
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
@@ -35,6 +36,9 @@ compiled against the Paddle you run. Install one first, then paddle-ext:
     pip install .                                      # then this package
 
 (looked for `import paddle` with {python})
+`python -m build` builds in a venv of its own, which cannot see your Paddle: run
+`python -m build --no-isolation` in the environment that has it (with setuptools,
+wheel, pybind11, cmake and ninja installed), or `pip wheel .` there.
 """
 
 
@@ -65,25 +69,28 @@ def find_paddle() -> tuple[dict, dict[str, str]] | None:
     return None
 
 
-_PADDLE = None
+@functools.cache
+def paddle_probe() -> tuple[dict, dict[str, str]] | None:
+    return find_paddle()
 
 
 def paddle_info() -> tuple[dict, dict[str, str]]:
-    global _PADDLE
-    if _PADDLE is None:
-        _PADDLE = find_paddle()
-        if _PADDLE is None:
-            sys.stderr.write(NO_PADDLE.format(python=sys.executable))
-            raise SystemExit(1)
-    return _PADDLE
+    """The target's Paddle; stops the build with NO_PADDLE when there is none."""
+    found = paddle_probe()
+    if found is None:
+        sys.stderr.write(NO_PADDLE.format(python=sys.executable))
+        raise SystemExit(1)
+    return found
 
 
 def install_requires() -> list[str]:
     deps = ["numpy"]
-    if os.environ.get("PADDLE_EXT_SKIP_PADDLE_PROBE") == "1":  # sdist only
+    if os.environ.get("PADDLE_EXT_SKIP_PADDLE_PROBE") == "1":
         return deps
-    info, _ = paddle_info()  # fails here, early, when no Paddle is installed
-    if info["version"].startswith("2."):
+    found = paddle_probe()
+    if found is None:  # an sdist needs no Paddle; a build stops in BuildNative.run
+        return deps
+    if found[0]["version"].startswith("2."):
         # Paddle 2.6's DistributedStrategy breaks with protobuf >= 5, and with numpy 2
         # a rank that raises inside a pipeline step segfaults (in zlib's inflateReset2)
         # instead of reporting its error: both measured here with 2.6.2.
@@ -174,6 +181,10 @@ class PaddleOpsLibrary(Extension):
 
 
 class BuildNative(build_ext):
+    def run(self) -> None:
+        paddle_info()  # before compiling anything: without Paddle, stop at once
+        super().run()
+
     def get_ext_filename(self, fullname: str) -> str:
         if fullname == OPS_LIBRARY:
             return os.path.join(*fullname.split(".")) + ".so"
