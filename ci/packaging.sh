@@ -104,4 +104,5 @@ rc=0
 grep -q "built against Paddle 3.3.1, but Paddle 2.6.2 is installed" "$work/logs/venv2-wheel-doctor.txt" \
   && [ "$rc" -eq 1 ] || { cat "$work/logs/venv2-wheel-doctor.txt"; say "wheel beside Paddle 2.6.2: rc $rc"; exit 1; }
 say "3.3.1 wheel beside Paddle 2.6.2: doctor says so (exit $rc)"
+rm -rf "$work"/venv? "$work/src" "$work/dist"  # 3.3 GB; the logs stay in $work/logs
 say "ok"
