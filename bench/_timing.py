@@ -27,3 +27,12 @@ def memcpy_seconds(nbytes: int, repeats: int = 7) -> float:
     src = np.ones(nbytes // 4, dtype=np.float32)
     dst = np.empty_like(src)
     return median_seconds(lambda: np.copyto(dst, src), repeats=repeats)
+
+
+def print_cpu_math_path() -> None:
+    """Every bench's first line: the code path Paddle's MKL runs on here (on AMD, AVX2 or
+    generic, ~3x apart), without which a ratio to Paddle's own time reads differently from
+    one host to the next. Imports paddle_ext, which picks AVX2 on AMD (paddle_ext.cpu_math)."""
+    from paddle_ext import cpu_math
+
+    print(f"cpu math: {cpu_math.describe()}", flush=True)

@@ -19,12 +19,13 @@ import paddle
 from paddle import _C_ops
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import median_seconds, memcpy_seconds  # noqa: E402
+from _timing import median_seconds, memcpy_seconds, print_cpu_math_path  # noqa: E402
 
 import paddle_ext.ops as ops  # noqa: E402
 
 
 def main() -> None:
+    print_cpu_math_path()
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=50000)
     parser.add_argument("--width", type=int, default=4096)

@@ -307,6 +307,9 @@ def measure_memory(which: str, s: int, causal: bool, backward: bool, python: str
 # --------------------------------------------------------------------- main
 
 def main() -> None:
+    from _timing import print_cpu_math_path  # bench/ is sys.path[0] for a script
+
+    print_cpu_math_path()
     parser = argparse.ArgumentParser()
     parser.add_argument("--seqs", default="512,1024,2048,4096")
     parser.add_argument("--threads", default="1,2")

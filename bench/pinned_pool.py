@@ -188,6 +188,9 @@ def describe(trace: Trace) -> str:
 
 
 def main() -> None:
+    from _timing import print_cpu_math_path  # bench/ is sys.path[0] for a script
+
+    print_cpu_math_path()
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=4)
     parser.add_argument("--micro-batches", type=int, default=8)

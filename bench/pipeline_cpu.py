@@ -169,6 +169,9 @@ def launch(a) -> None:
 
 
 def main(argv=None) -> None:
+    from bench._timing import print_cpu_math_path
+
+    print_cpu_math_path()
     a = parse_args(argv)
     {"launch": launch, "single": single, "rank": rank}[a.mode](a)
 

@@ -33,7 +33,7 @@ import numpy as np
 import paddle
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from _timing import median_seconds  # noqa: E402
+from _timing import median_seconds, print_cpu_math_path  # noqa: E402
 
 import paddle_ext.ops as ops  # noqa: E402
 
@@ -112,6 +112,7 @@ def interleaved(fn, copy, repeats):
 
 
 def main() -> None:
+    print_cpu_math_path()
     parser = argparse.ArgumentParser()
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--seq", type=int, default=4096)

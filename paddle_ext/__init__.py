@@ -4,15 +4,25 @@
     paddle_ext.enable()            # apply the patch series (idempotent)
     paddle_ext.disable()           # put every original Paddle object back
 
-Importing paddle_ext changes nothing in Paddle; enable() does, unit by unit,
-as listed in `python -m paddle_ext patches`.
+Importing paddle_ext changes nothing in Paddle's Python objects; enable() does,
+unit by unit, as listed in `python -m paddle_ext patches`. On AMD CPUs with AVX2
+the import points Paddle's MKL at its AVX2 kernels (paddle_ext.cpu_math;
+PADDLE_EXT_MKL_AMD=off leaves MKL's own choice).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from paddle_ext._version import __version__
+from paddle_ext import _source_tree
+
+_source_tree.check()  # an unbuilt checkout stops here, saying what to run
+
+from paddle_ext import cpu_math  # noqa: E402
+from paddle_ext._version import __version__  # noqa: E402
+
+# Before Paddle's MKL makes its first computation, on AMD only (see cpu_math).
+cpu_math.decision = cpu_math.prefer_avx2_path()
 
 __all__ = ["__version__", "enable", "disable", "patch_table"]
 

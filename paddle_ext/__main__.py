@@ -29,7 +29,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     import paddle
 
     import paddle_ext
-    from paddle_ext import compat
+    from paddle_ext import compat, cpu_math
     from paddle_ext.ops import _library
 
     print(f"paddle_ext {paddle_ext.__version__}")
@@ -47,10 +47,16 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     info = _library.build_info()
     if info is None:
         print("op library: NOT BUILT")
-    else:
-        kernels = "CPU + CUDA" if info["with_cuda"] else "CPU + ROCm" if info["with_rocm"] else "CPU"
-        print(f"op library: built against Paddle {info['paddle_version']}, kernels {kernels}, "
-              f"ops {', '.join(info['ops'])}; {_library.get_num_threads()} CPU threads")
+        return 1
+    kernels = "CPU + CUDA" if info["with_cuda"] else "CPU + ROCm" if info["with_rocm"] else "CPU"
+    try:
+        threads = f"{_library.get_num_threads()} CPU threads"
+    except _library.OpLibraryError as err:  # built for another Paddle release
+        print(f"op library: NOT USABLE: {err}")
+        return 1
+    print(f"op library: built against Paddle {info['paddle_version']}, kernels {kernels}, "
+          f"ops {', '.join(info['ops'])}; {threads}")
+    print("\n".join(cpu_math.report()))
     print()
     print(_patches_text())
     return 0

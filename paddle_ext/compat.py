@@ -499,3 +499,42 @@ def run_custom_op_any_mode(op_name: str, *args: Any) -> list:
     if in_dynamic_mode() or in_pir_mode():
         return run_custom_op(op_name, *args)
     return _append_custom_op(op_name, args)
+def mkl_library_path() -> str | None:
+    """The MKL that Paddle's x86-64 CPU wheels (2.6.2, 3.x) ship as paddle/libs/libmklml_intel.so
+    (2019.0.5 in both), found without importing Paddle; None for builds without it."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("paddle")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(folder, "libs", "libmklml_intel.so")
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def mkl_code_path(decide: bool = True) -> int | None:
+    """The code path Paddle's MKL dispatches to (its mkl_serv_get_cpu_type, numbered as
+    MKL_DEBUG_CPU_TYPE: 0 generic, 5 AVX2 ...). MKL decides at its first computation,
+    from MKL_DEBUG_CPU_TYPE as it is then; decide=True decides now if it has not
+    (argument 1: measured: 0 answers -1 while undecided), decide=False answers None
+    then. None too without that MKL, or before `import paddle` loaded it (it needs
+    the libiomp5 that Paddle loads first)."""
+    import ctypes
+
+    path = mkl_library_path()
+    fn = getattr(ctypes.CDLL(path), "mkl_serv_get_cpu_type", None) if path and mkl_loaded() else None
+    if fn is None:
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+    code = int(fn(1 if decide else 0))
+    return None if code < 0 else code
+
+
+def mkl_loaded() -> bool:
+    """Whether this process has loaded Paddle's MKL (an `import paddle` does)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return "libmklml_intel.so" in f.read()
+    except OSError:
+        return False

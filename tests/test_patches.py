@@ -163,3 +163,4 @@ def test_doctor_reports_versions_backends_and_patches():
     assert "runtime paddle_ext._C: " in out and "backends cpu" in out
     assert f"op library: built against Paddle {paddle.__version__}, kernels CPU, ops pe_c_embedding" in out
     assert "c_embedding_check" in out
+    assert "Paddle's MKL code path: " in out and "GFLOP/s on this path" in out
