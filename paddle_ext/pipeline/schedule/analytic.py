@@ -20,10 +20,12 @@ from fractions import Fraction
 from typing import Optional
 
 from paddle_ext.pipeline.schedule.generate import check_args, interleaved_warmup
-from paddle_ext.pipeline.schedule.overlap import split_kind
+from paddle_ext.pipeline.schedule.overlap import OVERLAP_SUFFIX, split_kind
 from paddle_ext.pipeline.schedule.simulate import Costs, Number
+from paddle_ext.pipeline.schedule.vshape import V_KINDS
 
-__all__ = ["formula_applies", "makespan", "bubble", "peak_in_flight_bound"]
+__all__ = ["formula_applies", "makespan", "bubble", "peak_in_flight_bound",
+           "v_peak_in_flight_bound", "v_idle"]
 
 
 def formula_applies(costs: Optional[Costs]) -> bool:
@@ -64,7 +66,40 @@ def peak_in_flight_bound(pp: int, vpp: int, microbatches: int, kind: str, rank: 
     total = vpp * microbatches
     if k == "fthenb":
         return total
+    if k in V_KINDS:
+        return v_peak_in_flight_bound(pp, microbatches, k + (OVERLAP_SUFFIX if overlapped else ""),
+                                      rank)
     warmup = interleaved_warmup(pp, vpp, microbatches, rank)
     if overlapped:
         warmup = min(max(warmup + 1, 2 * (pp - rank - 1) + 1), total)
     return min(warmup + 1, total)
+
+
+def v_peak_in_flight_bound(pp: int, microbatches: int, kind: str, rank: int) -> int:
+    """Most chunk-activations (half a stage each) `rank` holds in a V kind, with a
+    full pipe: zb-v 2*pp (1F1B's pp whole-stage activations of rank 0, on every rank),
+    dualpipev 2*pp + 1 (DualPipe's PP + 1 with PP = 2*pp stages). Fewer micro-batches
+    hold at most 2*M."""
+    full = 2 * pp if kind == "zb-v" else 2 * pp + 1
+    return min(full, 2 * microbatches)
+
+
+def v_idle(pp: int, kind: str, costs: Optional[Costs] = None) -> Optional[Number]:
+    """Idle time of the busiest-waiting rank in a V kind with a full pipe
+    (microbatches >= 2*pp), dataflow run, unit costs F = I = W (Costs(1, 2)) or, for
+    dualpipev-overlap, those with any F&B cost: zb-v (pp-1)*F, the lower bound (the last
+    rank cannot start before pp-1 forwards); dualpipev (pp-1)*F; dualpipev-overlap
+    DualPipe's (PP/2 - 1)(F&B + B - 3W) with PP/2 = pp. None off those costs."""
+    costs = costs or Costs()
+    i_w = (costs.input_grad, costs.weight_grad)
+    unit = (costs.forward == 1 and costs.backward == 2 and i_w in ((None, None), (1, 1))
+            and not costs.per_stage and not costs.per_action and costs.comm == 0)
+    if not unit:
+        return None
+    if kind == "dualpipev-overlap":
+        fb = costs.overlap if costs.overlap is not None else (
+            3 if costs.overlap_ratio is None else costs.overlap_ratio * 3)
+        return (pp - 1) * (fb + 2 - 3)
+    if costs.overlap is not None or costs.overlap_ratio not in (None, 1):
+        return None
+    return (pp - 1) * costs.forward
