@@ -89,6 +89,7 @@ def rank(a) -> None:
 
     from examples.tiny_gpt import pattern_batch, pipeline_model
     from paddle_ext.pipeline.schedule import simulate
+    from paddle_ext.pipeline.schedule.ir import Comm
     from paddle_ext.pipeline.timeline import measured_costs, measured_result
 
     PP = a.pp
@@ -114,13 +115,17 @@ def rank(a) -> None:
         per_rank = [g[step] for g in gathered]
         sim = simulate(schedule, measured_costs(schedule, per_rank))
         real = measured_result(schedule, per_rank)
+        # transfers and the waits inside them (a blocking send/recv's span), per rank, mean over ranks
+        comm = statistics.mean(sum(end - start for _, act, start, end in spans if isinstance(act, Comm))
+                               for spans in per_rank)
         predictions.append((float(sim.makespan) + outside[step], float(sum(sim.busy)) / (PP * float(sim.makespan)),
-                            1 - float(sum(real.busy)) / (PP * float(real.makespan))))
+                            1 - float(sum(real.busy)) / (PP * float(real.makespan)), comm))
     with open(a.out, "w") as f:
         json.dump({"step": statistics.median(times[1:]),
                    "predicted_step": statistics.median(p[0] for p in predictions),
                    "schedule_efficiency": statistics.median(p[1] for p in predictions),
                    "measured_bubble": statistics.median(p[2] for p in predictions),
+                   "comm_and_wait": statistics.median(p[3] for p in predictions),
                    "kind": schedule.kind}, f)
 
 
@@ -150,7 +155,8 @@ def launch(a) -> None:
         predicted = t_single / (pp * pipe["predicted_step"])
         print(f"{pipe['kind']:>16}: {pipe['step'] * 1e3:.1f} ms/step ({pipe['step'] / rows[0]['step']:.2f}x "
               f"{rows[0]['kind']}), simulator's prediction {pipe['predicted_step'] * 1e3:.1f} ms/step; bubble "
-              f"measured {pipe['measured_bubble']:.1%}, simulated {1 - pipe['schedule_efficiency']:.1%}; efficiency "
+              f"measured {pipe['measured_bubble']:.1%}, simulated {1 - pipe['schedule_efficiency']:.1%}; transfers and "
+              f"waits {pipe['comm_and_wait'] * 1e3:.1f} ms/step per rank; efficiency "
               f"measured {measured:.1%}, predicted {predicted:.1%}: measured/predicted = {measured / predicted:.2f} "
               "(target >= 0.90)")
 

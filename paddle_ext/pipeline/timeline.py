@@ -14,7 +14,7 @@ from statistics import median
 from typing import Any, Sequence
 
 from paddle_ext.pipeline.schedule import Costs, Schedule
-from paddle_ext.pipeline.schedule.ir import FB, B, Comm, F, I, W
+from paddle_ext.pipeline.schedule.ir import B, Comm, F, I, W, computes
 from paddle_ext.pipeline.schedule.simulate import SimResult, Span, peak_in_flight
 
 RankSpans = Sequence[tuple[int, Any, float, float]]  # (position, action, start, end)
@@ -27,7 +27,7 @@ def measured_result(schedule: Schedule, spans_per_rank: Sequence[RankSpans]) -> 
     for rank, spans in enumerate(spans_per_rank):
         row = tuple(Span(rank, pos, action, start - t0, end - t0) for pos, action, start, end in spans)
         rows.append(row)
-        busy.append(sum(s.end - s.start for s in row if isinstance(s.action, (F, B, FB, I, W))))
+        busy.append(sum(s.end - s.start for s in row if computes(s.action)))
     makespan = max(s.end for row in rows for s in row)
     return SimResult(schedule=schedule, costs=Costs(), mode="measured", spans=tuple(rows),
                      makespan=makespan, busy=tuple(busy),
@@ -35,35 +35,40 @@ def measured_result(schedule: Schedule, spans_per_rank: Sequence[RankSpans]) -> 
 
 
 def measured_costs(schedule: Schedule, spans_per_rank: Sequence[RankSpans]) -> Costs:
-    """Median measured seconds per stage for F and B (F, I and W for zero-bubble
-    schedules), and per transfer, as Costs.
+    """Median measured seconds per stage for F and B (and I and W where a zero-bubble
+    schedule ran them: per_stage then holds (F, I, W)), and per transfer, as Costs.
 
     Transfers are timed on the receiving side from the moment both ranks had
     posted them, i.e. the spans of receives that did not wait: the median of
     the shortest half, so waiting for a slow producer does not count as comm.
     """
-    forward: dict[int, list[float]] = defaultdict(list)
-    backward: dict[int, list[float]] = defaultdict(list)
-    input_grad: dict[int, list[float]] = defaultdict(list)
-    weight_grad: dict[int, list[float]] = defaultdict(list)
+    times: dict[type, dict[int, list[float]]] = {k: defaultdict(list) for k in (F, B, I, W)}
     comm: list[float] = []
-    kinds = {F: forward, B: backward, I: input_grad, W: weight_grad}
     for rank, spans in enumerate(spans_per_rank):
         for _, action, start, end in spans:
-            if type(action) in kinds:
-                kinds[type(action)][schedule.stage(rank, action.chunk)].append(end - start)
+            if type(action) in times:
+                times[type(action)][schedule.stage(rank, action.chunk)].append(end - start)
             elif isinstance(action, Comm):
                 comm.append(end - start)
     tiny = 1e-9  # Costs wants compute costs > 0; a timer can read 0 for a trivial stage
-    per_stage = {s: (max(median(forward[s]), tiny), max(median(backward[s]), tiny))
-                 for s in forward if s in backward}
-    per_stage.update({s: (max(median(forward[s]), tiny), max(median(input_grad[s]), tiny),
-                          max(median(weight_grad[s]), tiny))
-                      for s in forward if s in input_grad and s in weight_grad and s not in per_stage})
-    for s in input_grad:  # the aggregate backward of a zero-bubble schedule: I + W
-        backward.setdefault(s, []).extend(i + w for i, w in zip(input_grad[s], weight_grad[s]))
+
+    def med(ts: list[float]) -> float:
+        return max(median(ts), tiny)
+
+    forward, backward, i_times, w_times = (times[k] for k in (F, B, I, W))
+    per_stage: dict[int, tuple[float, ...]] = {}
+    for s in forward:
+        if s in i_times and s in w_times:
+            per_stage[s] = (med(forward[s]), med(i_times[s]), med(w_times[s]))
+        elif s in backward:
+            per_stage[s] = (med(forward[s]), med(backward[s]))
     fastest = sorted(comm)[: max(1, len(comm) // 2)] if comm else [0.0]
     f_all = [t for ts in forward.values() for t in ts]
     b_all = [t for ts in backward.values() for t in ts]
-    return Costs(forward=max(median(f_all), tiny), backward=max(median(b_all), tiny), comm=median(fastest),
-                 per_stage=per_stage)
+    i_all = [t for ts in i_times.values() for t in ts]
+    w_all = [t for ts in w_times.values() for t in ts]
+    split = {"input_grad": med(i_all), "weight_grad": med(w_all)} if i_all and w_all else {}
+    if not b_all:  # a zero-bubble run has no B: price one as I + W
+        b_all = [split["input_grad"] + split["weight_grad"]] if split else [tiny]
+    return Costs(forward=med(f_all), backward=med(b_all), comm=median(fastest),
+                 per_stage=per_stage, **split)

@@ -148,3 +148,49 @@ def test_subcommand_wiring():
     out, err = io.StringIO(), io.StringIO()
     assert args.fn(args, out, err) == 0
     assert "validation: OK" in out.getvalue()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+def test_zero_bubble_summary_and_plot(tmp_path):
+    # The acceptance command: F, I and W in the lists, the table, the closed form and
+    # the picture.
+    path = str(tmp_path / "zb.png")
+    rc, out, err = _run("--pp", "4", "--vpp", "1", "--microbatches", "8", "--kind", "zb-h1",
+                        "--plot", path, "--text")
+    assert rc == 0, err
+    assert out.startswith("schedule pp=4 vpp=1 microbatches=8 kind=zb-h1\n"
+                          "0: F0.0 F0.1 F0.2 F0.3 I0.0 W0.0 F0.4")
+    assert "simulation (F=1 I=1 W=1 comm=0 per chunk and micro-batch; blocking send/recv): " \
+        "makespan 27" in out
+    assert "  rank     busy    idle   bubble  peak in-flight (bound)  pending W (bound)   " \
+        "received ahead\n" in out
+    assert "  3          24       3    11.1%  1 (1)                   4 (4)               1\n" in out
+    assert "analytic bubble idle/makespan = 3/27 = 1/9 = 11.1%" in out
+    assert "the plain 1f1b schedule: makespan 33, bubble 27.3%; zero bubble is 18.2% shorter" in out
+    assert "rank 3 |...............F0.0 I0.0 F0.1 I0.1" in out
+    assert os.path.getsize(path) > 1000
+
+
+def test_zero_bubble_cap_costs_and_save(tmp_path):
+    path = str(tmp_path / "zb.txt")
+    rc, out, err = _run("--pp", "3", "--vpp", "2", "--microbatches", "7", "--kind",
+                        "interleaved-zb", "--max-pending-w", "2", "--costs", "2,1,1,0",
+                        "--save", path)
+    assert rc == 0, err
+    assert "kind=interleaved-zb-w2" in out and "F=2 I=1 W=1" in out
+    # idle = max(2*(2+1) - 1*1, 2*max(2, 2, 1)) = 5 per rank; makespan 14*4 + 5.
+    assert "analytic bubble idle/makespan = 5/61 = 8.2%" in out
+    rc, out2, _ = _run("--load", path, "--costs", "2,1,1,0")
+    assert rc == 0 and "makespan 61" in out2 and "pending W (bound)" in out2
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--kind", "zb-h1", "--overlap"], "--overlap pairs an F with a whole B; --kind zb-h1 splits"),
+    (["--kind", "zb-h1-overlap"], "--kind = 'zb-h1-overlap' is not allowed: zero-bubble kinds"),
+    (["--kind", "1f1b", "--max-pending-w", "2"],
+     "--max-pending-w = 2 is not allowed: only zero-bubble kinds"),
+    (["--kind", "zb-h1", "--max-pending-w", "0"], "--max-pending-w = 0 is not allowed"),
+])
+def test_zero_bubble_argument_errors(argv, message):
+    rc, out, err = _run("--pp", "4", "--microbatches", "8", *argv)
+    assert rc == 2 and message in err and out == ""

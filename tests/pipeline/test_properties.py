@@ -18,9 +18,8 @@ from paddle_ext.pipeline.schedule import (
     generate,
     peak_in_flight_bound,
     simulate,
-    stage_of,
 )
-from tests.pipeline.cases import PPS, VPPS, case, microbatch_counts
+from tests.pipeline.cases import PPS, VPPS, assert_dependency_order, case, microbatch_counts
 
 GRID = [(pp, v, kind) for pp in PPS for v in VPPS for kind in ("fthenb", "interleaved")]
 GRID += [(pp, 1, "1f1b") for pp in PPS]
@@ -46,19 +45,7 @@ def test_every_schedule_validates_and_meets_the_closed_forms(pp, v, kind):
             pos = {p: i for i, p in enumerate(parts)}
             assert all(pos[F(c, mb)] < pos[B(c, mb)] for c in range(v) for mb in range(m))
 
-        # Dependency order in simulated (blocking) time.
-        start, end = {}, {}
-        for r, row in enumerate(result.spans):
-            for sp in row:
-                for p in computes(sp.action):
-                    key = (type(p), stage_of(pp, r, p.chunk), p.mb)
-                    start[key], end[key] = sp.start, sp.end
-        last = pp * v - 1
-        for (typ, st, mb), t in start.items():
-            if typ is F and st > 0:
-                assert t >= end[(F, st - 1, mb)], where
-            if typ is B:
-                assert t >= end[(B, st + 1, mb)] if st < last else t >= end[(F, st, mb)], where
+        assert_dependency_order(result, where)  # in simulated (blocking) time
 
         # Memory: the documented bound, reached exactly.
         bounds = tuple(peak_in_flight_bound(pp, v, m, kind, r) for r in range(pp))

@@ -57,3 +57,24 @@ def test_plot_without_matplotlib_says_how_to_get_it(monkeypatch, tmp_path):
     r = simulate(generate(2, 1, 2))
     with pytest.raises(ImportError, match="pip install matplotlib"):
         plot_timeline(r, str(tmp_path / "t.png"))
+
+
+PINNED_ZB_TIMELINE_2_1_2 = """\
+time   |0         2         4         6
+rank 0 |F0.0 F0.1 .....I0.0 W0.0 I0.1 W0.1
+rank 1 |.....F0.0 I0.0 F0.1 I0.1 W0.0 W0.1"""
+
+
+def test_zero_bubble_text_timeline_shows_f_i_and_w():
+    # Rank 1 defers W0.0 past I0.1: rank 0's I0.1 starts one W earlier than with B.
+    r = simulate(lower(generate(2, 1, 2, "zb-h1")))
+    assert r.makespan == 7
+    assert timeline(r) == PINNED_ZB_TIMELINE_2_1_2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is None, reason="needs matplotlib")
+def test_plot_of_a_zero_bubble_schedule(tmp_path):
+    r = simulate(lower(generate(2, 2, 3, "interleaved-zb")))
+    out = plot_timeline(r, str(tmp_path / "zb.png"))
+    with open(out, "rb") as fh:
+        assert fh.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -28,7 +28,12 @@ from paddle_ext.pipeline.schedule import (
     stage_of,
     validate,
 )
-from paddle_ext.pipeline.schedule.analytic import peak_in_flight_bound, v_idle
+from paddle_ext.pipeline.schedule.analytic import (
+    peak_held_bound,
+    peak_in_flight_bound,
+    peak_pending_w_bound,
+    v_idle,
+)
 from paddle_ext.pipeline.schedule.cli import main
 
 V_KINDS = ("zb-v", "dualpipev", "dualpipev-overlap")
@@ -113,8 +118,12 @@ def test_v_schedules_validate_lower_and_keep_their_bounds(pp, m, kind):
     assert res.makespan - ideal <= (0 if kind != "dualpipev" else pp - 1)  # up to pp-1 for F then B
     bounds = [peak_in_flight_bound(pp, 2, m, kind, r) for r in range(pp)]
     assert all(res.peak_in_flight[r] <= bounds[r] for r in range(pp)), (res.peak_in_flight, bounds)
+    pending = [peak_pending_w_bound(pp, 2, m, kind, r) for r in range(pp)]
+    held = [peak_held_bound(pp, 2, m, kind, r) for r in range(pp)]
+    assert all(res.peak_pending_w[r] <= pending[r] and res.peak_held[r] <= held[r] for r in range(pp))
     if m >= 2 * pp:
-        assert list(res.peak_in_flight) == bounds
+        assert list(res.peak_in_flight) == bounds == held == list(res.peak_held)
+        assert list(res.peak_pending_w) == pending == [2 * r + 1 if kind == "zb-v" else r + 1 for r in range(pp)]
         assert bounds == [2 * pp if kind == "zb-v" else 2 * pp + 1] * pp
 
 

@@ -3,6 +3,7 @@ pipeline schedule without Paddle.
 
     python -m paddle_ext schedule --pp 4 --vpp 2 --microbatches 10 --text --plot t.png
     python -m paddle_ext schedule --pp 4 --vpp 2 --microbatches 10 --overlap --fb-cost 0.7
+    python -m paddle_ext schedule --pp 4 --vpp 1 --microbatches 8 --kind zb-h1 --plot zb.png
 
 Wiring: `main(argv)` takes the arguments after "schedule" and returns the exit code;
 or, under an existing argparse subcommand, `configure_parser(p)` then `run(args)`.
@@ -16,7 +17,14 @@ import sys
 from typing import List, Optional, Sequence, TextIO
 
 from paddle_ext.pipeline.schedule import analytic
-from paddle_ext.pipeline.schedule.generate import KINDS, ScheduleArgumentError, check_args, generate
+from paddle_ext.pipeline.schedule.generate import (
+    KINDS,
+    ZB_KINDS,
+    ScheduleArgumentError,
+    check_args,
+    generate,
+    split_cap,
+)
 from paddle_ext.pipeline.schedule.ir import Comm, Schedule, ScheduleError, computes
 from paddle_ext.pipeline.schedule.lower import lower
 from paddle_ext.pipeline.schedule.overlap import (
@@ -32,7 +40,8 @@ from paddle_ext.pipeline.schedule.vshape import V_KINDS
 
 __all__ = ["main", "configure_parser", "run"]
 
-_FLAG_NAMES = {"pp": "--pp", "vpp": "--vpp", "microbatches": "--microbatches", "kind": "--kind"}
+_FLAG_NAMES = {"pp": "--pp", "vpp": "--vpp", "microbatches": "--microbatches", "kind": "--kind",
+               "max_pending_w": "--max-pending-w"}
 
 
 def configure_parser(parser: argparse.ArgumentParser) -> None:
@@ -46,10 +55,16 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         default=None, help="micro-batches per step, >= pp (>= 1 for the V "
                         "kinds)")
     parser.add_argument("--kind", default=None, help=f"one of {', '.join(KINDS)} "
-                        "(default: 1f1b for --vpp 1, interleaved otherwise)")
+                        "(default: 1f1b for --vpp 1, interleaved otherwise); zb-h1 and "
+                        "interleaved-zb split each backward into I (input grad) and W (weight "
+                        "grads)")
+    parser.add_argument("--max-pending-w", type=int, default=None, metavar="K",
+                        help="zero-bubble kinds: at most K weight-gradient steps pending (I "
+                        "done, W not) per rank, K >= 1 (the same as --kind zb-h1-wK)")
     parser.add_argument("--costs", default="1,2,0", metavar="F,B,COMM",
                         help="cost of one forward, one backward, one transfer, per chunk and "
-                        "micro-batch (default 1,2,0)")
+                        "micro-batch (default 1,2,0: I and W cost half a B each), or "
+                        "F,I,W,COMM")
     parser.add_argument("--overlap", action="store_true",
                         help="pair the steady state's forwards and backwards into overlapped "
                         "F&B steps (the forward/backward overlap scheduler; 1f1b and "
@@ -137,7 +152,7 @@ def _parse_costs(text: str, fb_cost: Optional[str] = None) -> Costs:
         costs = Costs.parse(text)
     except ValueError as exc:
         raise ValueError(f"--costs {text!r}: {exc} (expected F,B,COMM with F, B > 0 and "
-                         "COMM >= 0, e.g. 1,2,0)") from None
+                         "COMM >= 0, e.g. 1,2,0, or F,I,W,COMM)") from None
     if fb_cost is None:
         return costs
     try:
@@ -161,11 +176,15 @@ def _schedule(args: argparse.Namespace) -> Schedule:
     v_kind = bool(args.kind) and split_kind(str(args.kind).lower())[0].replace("_", "-") in V_KINDS
     vpp = args.vpp if args.vpp is not None else (2 if v_kind else 1)
     kind = args.kind or ("1f1b" if vpp == 1 else "interleaved")
-    kind = check_args(args.pp, vpp, args.microbatches, kind, _FLAG_NAMES)
+    kind = check_args(args.pp, vpp, args.microbatches, kind, _FLAG_NAMES,
+                      max_pending_w=args.max_pending_w)
     if args.overlap and not split_kind(kind)[1]:
         if kind == "fthenb":
             raise ValueError("--overlap pairs the steady state of 1f1b / interleaved schedules; "
                              "--kind fthenb has none")
+        if split_cap(kind)[0] in ZB_KINDS:
+            raise ValueError(f"--overlap pairs an F with a whole B; --kind {kind} splits each "
+                             "B into I and W, so the two do not combine")
         kind += OVERLAP_SUFFIX
     return generate(args.pp, vpp, args.microbatches, kind)
 
@@ -176,28 +195,44 @@ def _fmt(x: object) -> str:
 
 def _summary(result: SimResult, costs: Costs) -> str:
     s = result.schedule
+    zero = any(type(p).__name__ == "W" for acts in s.ranks for a in acts for p in computes(a))
+    priced = (f"F={_fmt(costs.forward)} I={_fmt(costs.i_w[0])} W={_fmt(costs.i_w[1])}" if zero
+              else f"F={_fmt(costs.forward)} B={_fmt(costs.backward)}")
     lines: List[str] = [
-        f"simulation (F={_fmt(costs.forward)} B={_fmt(costs.backward)} comm={_fmt(costs.comm)} "
+        f"simulation ({priced} comm={_fmt(costs.comm)} "
         f"per chunk and micro-batch; "
         f"{'communication threads' if result.mode == 'threaded' else 'blocking send/recv'}): "
         f"makespan {_fmt(result.makespan)}"]
     try:  # a loaded schedule may carry any label; the closed forms need a real kind
-        known = split_kind(check_args(s.pp, s.vpp, s.microbatches, s.kind))[0] in KINDS
+        known = split_cap(split_kind(check_args(s.pp, s.vpp, s.microbatches, s.kind))[0])[0] \
+            in KINDS
     except ValueError:
         known = False
-    bounds = None
+    bounds = pending = None
     if known:
         bounds = [analytic.peak_in_flight_bound(s.pp, s.vpp, s.microbatches, s.kind, r)
                   for r in range(s.pp)]
+        pending = [analytic.peak_pending_w_bound(s.pp, s.vpp, s.microbatches, s.kind, r)
+                   for r in range(s.pp)]
     peak_title = "peak in-flight" + (" (bound)" if bounds else "")
+    w_title = f"{'pending W' + (' (bound)' if bounds else ''):<20}" if zero else ""
     lines.append(f"  {'rank':<5}{'busy':>8}{'idle':>8}{'bubble':>9}  {peak_title:<24}"
-                 "received ahead")
+                 f"{w_title}received ahead")
     buffered = result.peak_buffered
     for r in range(s.pp):
         peak = f"{result.peak_in_flight[r]}" + (f" ({bounds[r]})" if bounds else "")
+        w_col = ""
+        if zero:
+            w_col = f"{result.peak_pending_w[r]}" + (f" ({pending[r]})" if pending else "")
+            w_col = f"{w_col:<20}"
         lines.append(f"  {r:<5}{_fmt(result.busy[r]):>8}{_fmt(result.idle[r]):>8}"
-                     f"{float(result.bubble[r]):>9.1%}  {peak:<24}{buffered[r]}")
+                     f"{float(result.bubble[r]):>9.1%}  {peak:<24}{w_col}{buffered[r]}")
     lines.append(f"  overall bubble {float(result.bubble_overall):.1%}")
+    if zero:
+        lines.append("  in-flight: F done, I (or B) not yet; pending W: I done, W not yet (what "
+                     "the weight gradients need)")
+    if known and split_cap(s.kind)[0] in ZB_KINDS:
+        return "\n".join(lines + _zero_bubble_lines(s, costs, result))
     formula = analytic.bubble(s.pp, s.vpp, s.microbatches, costs)
     if known and split_kind(s.kind)[0] in V_KINDS:
         idle = analytic.v_idle(s.pp, s.kind, costs) if s.microbatches >= 2 * s.pp else None
@@ -240,3 +275,26 @@ def _overlap_summary(result: SimResult, costs: Costs, threaded: bool = False) ->
         f"{_fmt(ratio)} x (F + B)",
         f"  makespan {_fmt(result.makespan)} with overlap, {_fmt(base.makespan)} without ({what}): "
         f"predicted gain {gain:.1%}"])
+
+
+def _zero_bubble_lines(s: Schedule, costs: Costs, result: SimResult) -> List[str]:
+    """The closed form of a zero-bubble kind, and the plain schedule it improves on."""
+    lines = []
+    formula = analytic.bubble(s.pp, s.vpp, s.microbatches, costs, s.kind)
+    if formula is not None:
+        idle = analytic.zb_idle(s.pp, s.vpp, costs, split_cap(s.kind)[1])
+        ratio = f"{_fmt(idle)}/{_fmt(analytic.makespan(s.pp, s.vpp, s.microbatches, costs, s.kind))}"
+        ratio += f" = {formula}" if str(formula) != ratio else ""
+        lines.append(f"  analytic bubble idle/makespan = {ratio} = {float(formula):.1%} (zero "
+                     "bubble, docs/pipeline_schedules.md)")
+    else:
+        lines.append("  analytic bubble: no closed form for these costs (non-uniform, comm > 0, "
+                     "or W > F with --vpp > 1)")
+    plain_kind = "1f1b" if s.vpp == 1 else "interleaved"
+    threaded = result.mode == "threaded"
+    plain = simulate(lower(generate(s.pp, s.vpp, s.microbatches, plain_kind), costs,
+                           async_p2p=threaded), costs, async_p2p=threaded)
+    gain = 1 - float(result.makespan) / float(plain.makespan)
+    lines.append(f"  the plain {plain_kind} schedule: makespan {_fmt(plain.makespan)}, bubble "
+                 f"{float(plain.bubble_overall):.1%}; zero bubble is {gain:.1%} shorter")
+    return lines

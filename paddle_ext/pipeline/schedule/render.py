@@ -74,7 +74,7 @@ def text_timeline(result: SimResult, width: Optional[int] = None) -> str:
     """Ranks as rows, simulated time as columns.
 
     Each compute action is drawn from its start to its end with its label at the left
-    (`F0.3  B0.1      `), `.` is idle time (waiting included) and `~` a transfer that
+    (`F0.3  B0.1      `; zero bubble's halves read `I0.1` and `W0.1`), `.` is idle time (waiting included) and `~` a transfer that
     costs time. By default one time unit is as wide as the longest F/B label plus one,
     so every label fits; `width` fits the whole timeline into that many columns instead,
     cutting labels short where needed.
@@ -130,6 +130,10 @@ def _nice_tick(at_least: float) -> float:
     return step
 
 
+# F plain, B hatched; zero bubble's halves of B: I hatched the other way, W dotted.
+_HATCH = {"F": None, "B": "///", "I": "\\\\\\", "W": "..."}
+
+
 def _shade(rgb: Sequence[float], chunk: int, vpp: int) -> Tuple[float, float, float]:
     # Later chunks are mixed with white, so a chunk reads as a lighter band of the same
     # micro-batch colours.
@@ -140,8 +144,9 @@ def _shade(rgb: Sequence[float], chunk: int, vpp: int) -> Tuple[float, float, fl
 def plot_timeline(result: SimResult, path: str, title: Optional[str] = None) -> str:
     """Writes a PNG (or any format matplotlib infers from `path`) of the timeline.
 
-    F and B are coloured by micro-batch (B hatched), later chunks lighter; transfers
-    that cost time are thin grey bars. Returns `path`.
+    F, B, I and W are coloured by micro-batch (B hatched, I hatched the other way, W
+    dotted and drawn lower), later chunks lighter; transfers that cost time are thin
+    grey bars. Returns `path`.
     """
     try:
         import matplotlib
@@ -181,15 +186,20 @@ def plot_timeline(result: SimResult, path: str, title: Optional[str] = None) -> 
             n = len(parts)
             for k, p in enumerate(parts):  # an FB splits its bar in two halves
                 h = 0.8 / n
-                ax.broken_barh([(start, dur)], (y - 0.4 + k * h, h),
+                kind = type(p).__name__
+                # W bars are lower: they hold a rank without being on the critical path.
+                top = h * (0.55 if kind == "W" else 1.0)
+                ax.broken_barh([(start, dur)], (y - 0.4 + k * h, top),
                                facecolors=[_shade(colour(p.mb), p.chunk, sched.vpp)],
-                               edgecolor="black", linewidth=0.4,
-                               hatch="///" if type(p).__name__ == "B" else None)
+                               edgecolor="black", linewidth=0.4, hatch=_HATCH[kind])
             width_pt = dur * 72 * 0.85 * fig_w / makespan
             for k, p in enumerate(parts):  # an F&B gets one label per half
                 if width_pt > 3.2 * len(str(p)):  # fits
-                    ax.text(start + dur / 2, y - 0.4 + (k + 0.5) * 0.8 / n, str(p),
-                            ha="center", va="center", fontsize=5 if n == 1 else 4.5)
+                    h = 0.8 / n * (0.55 if type(p).__name__ == "W" else 1.0)
+                    ax.text(start + dur / 2, y - 0.4 + k * 0.8 / n + h / 2, str(p),
+                            ha="center", va="center", fontsize=5 if n == 1 else 4.5,
+                            bbox={"facecolor": "white", "alpha": 0.6, "pad": 0.3,
+                                  "linewidth": 0} if type(p).__name__ in "IW" else None)
     ax.set_yticks(range(sched.pp))
     ax.set_yticklabels([f"rank {sched.pp - 1 - y}" for y in range(sched.pp)])
     ax.set_xlim(0, makespan)
@@ -199,10 +209,12 @@ def plot_timeline(result: SimResult, path: str, title: Optional[str] = None) -> 
     ax.set_title(title or f"{sched.kind}: pp={sched.pp} vpp={sched.vpp}{place} "
                  f"microbatches={sched.microbatches}, makespan {makespan:g}, "
                  f"bubble {bubble:.1%}")
-    handles = [Patch(facecolor="0.5", label="F"),
-               Patch(facecolor="0.5", hatch="///", label="B"),
-               Patch(facecolor="0.85", label="lighter = later chunk" + (
-                   " (chunk 1: the V's way back)" if sched.placement == "v" else ""))]
+    kinds = {type(p).__name__ for acts in sched.ranks for a in acts for p in computes(a)}
+    names = {"F": "F", "B": "B", "I": "I: input grad", "W": "W: weight grads (low bar)"}
+    handles = [Patch(facecolor="0.5", hatch=_HATCH[k], label=names[k])
+               for k in ("F", "B", "I", "W") if k in kinds or k == "F"]
+    handles.append(Patch(facecolor="0.85", label="lighter = later chunk" + (
+        " (chunk 1: the V's way back)" if sched.placement == "v" else "")))
     if any(len(computes(a)) == 2 for acts in sched.ranks for a in acts):
         handles.append(Patch(facecolor="white", edgecolor="black",
                              label="F&B: one overlapped step (F lower half, B upper)"))

@@ -99,8 +99,8 @@ def run_pair(hcg, vpp, m, delay, via_fleet, use_scaler=False, kind=None):
     if kind is not None and "zb" in kind:
         assert split is not None and split.deferred > 0 and not split.mixed and not split.reordered, split
         note = f", {split.deferred} weight grads deferred, pending W peak {split.peak_pending_bytes} B"
-    print(f"rank {stage}: pp={pp} vpp={vpp} M={m} kind={engine.schedule(m).kind} delay_scale_loss={delay} "
-          f"scaler={use_scaler}: bitwise equal (peak in flight {engine.last_step.peak_in_flight}, simulated "
+    print(f"rank {stage}: pp={pp} vpp={vpp} M={m} delay_scale_loss={delay} scaler={use_scaler}: bitwise equal "
+          f"(kind {engine.schedule(m).kind}, peak in flight {engine.last_step.peak_in_flight}, simulated "
           f"{predicted}{note})", flush=True)
 
 
