@@ -1,0 +1,159 @@
+"""Rank script: V-placed schedules (zb-v, dualpipev) on a use_dualpipev PipelineLayer
+against a single-process run of the same model.
+
+For each config: 3 train_batch steps with Adam; at every step the loss and this rank's
+parameter grads must equal the single-process reference, and after the steps the
+parameters too; then eval_batch's loss. Bitwise, except the tied word embedding (one
+parameter on rank 0 for the embedding and the lm head, LocalSharedLayerDesc): its
+gradient sums the two uses per micro-batch in the schedule's order where the reference
+sums each use over the micro-batches and then adds the two, a summation change bounded
+here at 1e-6 relative (and everything downstream of it after the first step).
+The first config goes through fleet.distributed_model with pp_configs.use_dualpipev
+(dualpipev) or schedule_mode "ZBV" (zb-v); its loss has Paddle's DualPipeVParallel
+form (float32, shape [1]).
+
+Usage: vshape_parity.py PP KIND:M:TIED:DELAY[,...]   (TIED, DELAY: 0 or 1)
+"""
+
+import sys
+
+import numpy as np
+import paddle
+import paddle.distributed.fleet as fleet
+
+sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
+from _parity import GradRecorder, assert_equal  # noqa: E402
+
+import paddle_ext  # noqa: E402
+from examples.tiny_gpt import Embedding, Reference, batch, v_pipeline_model  # noqa: E402
+from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings  # noqa: E402
+from paddle_ext.pipeline.schedule import simulate  # noqa: E402
+
+VOCAB, HIDDEN, SEQ, MBS, STEPS = 32, 16, 8, 2, 3
+TOL = 1e-6
+
+
+def v_params(model, stage):
+    """(layer_id, is_head, name) -> Parameter on this rank: rank 0's chunk 1 ends with the
+    lm head (an Embedding); a parameter shared by both is listed under the embedding."""
+    out, seen = {}, set()
+    for c, chunk in enumerate(model._model_chunks):
+        for layer in chunk.sublayers(include_self=True):
+            if hasattr(layer, "layer_id"):
+                head = isinstance(layer, Embedding) and c == 1
+                for name, p in layer.named_parameters():
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        out[(layer.layer_id, head, name)] = p
+    return out
+
+
+def ref_of(ref, key):
+    layer_id, head, name = key
+    obj = ref.layer(layer_id, head)
+    for part in name.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+def close(what, got, want, exact):
+    if exact:
+        return assert_equal(what, got, want)
+    if got is None and want is None:
+        return
+    assert got is not None and want is not None, f"{what}: one side has no value"
+    scale = max(float(np.max(np.abs(want))), 1e-30)
+    diff = float(np.max(np.abs(got.astype(np.float64) - want)))
+    assert diff <= TOL * scale, f"{what}: relative diff {diff / scale:.3g} > {TOL}"
+
+
+def run(hcg, kind, m, tied, delay, via_fleet):
+    pp, stage = hcg.get_pipe_parallel_world_size(), hcg.get_stage_id()
+    paddle.seed(0)
+    model = v_pipeline_model(VOCAB, HIDDEN, SEQ, blocks=2 * pp, pp=pp, tied=tied)
+    ref = Reference(VOCAB, HIDDEN, SEQ, blocks=2 * pp)
+    mine = v_params(model, stage)
+    refs = {key: ref_of(ref, key) for key in mine}
+    if via_fleet:
+        engine = fleet.distributed_model(model)
+        assert isinstance(engine, PipelineEngine), type(engine)
+        opt = fleet.distributed_optimizer(paddle.optimizer.Adam(1e-2, parameters=model.parameters()))
+    else:
+        engine = PipelineEngine(model, hcg, PipelineSettings(m, MBS, delay_scale_loss=delay, kind=kind))
+        opt = paddle.optimizer.Adam(1e-2, parameters=model.parameters())
+    recorder = GradRecorder(opt, mine)
+    ref_opt = paddle.optimizer.Adam(1e-2, parameters=ref.parameters())
+    exact = not tied  # the tied weight's sum order differs (module docstring)
+    tag = f"pp={pp} {kind} M={m} tied={tied} delay_scale_loss={delay}"
+    for step in range(STEPS):
+        ids, labels = batch(step, m * MBS, SEQ, VOCAB)
+        loss = engine.train_batch([ids, labels], recorder)
+        ref_loss = paddle.zeros([])
+        for mb in range(m):
+            part = ref(ids[mb * MBS:(mb + 1) * MBS], labels[mb * MBS:(mb + 1) * MBS])
+            if m > 1 and not delay:
+                part = part / m
+            part.backward()
+            ref_loss += part.detach()
+        if delay:
+            ref_loss = ref_loss / m
+            for p in ref.parameters():
+                if p.grad is not None:
+                    p.grad.set_value(p.grad.scale(1.0 / m))
+        if tied:
+            ref.tie_grads()
+        if via_fleet and kind == "dualpipev":
+            assert loss.shape == [1] and loss.dtype == paddle.float32, (loss.shape, loss.dtype)
+        close(f"{tag} step {step} loss", loss.numpy().reshape([]), ref_loss.numpy(), exact or step == 0)
+        for key, p in refs.items():
+            close(f"{tag} step {step} grad of {key}", recorder.grads[key], None if p.grad is None else p.grad.numpy(),
+                  exact or (step == 0 and key[0] != 0))
+        ref_opt.step()
+        ref_opt.clear_grad()
+    for key, p in refs.items():
+        close(f"{tag} param {key} after {STEPS} steps", mine[key].numpy(), p.numpy(), exact)
+    ids, labels = batch(STEPS, m * MBS, SEQ, VOCAB)
+    eval_loss = engine.eval_batch([ids, labels], compute_loss=True)
+    with paddle.no_grad():
+        ref_eval = paddle.zeros([])
+        for mb in range(m):
+            part = ref(ids[mb * MBS:(mb + 1) * MBS], labels[mb * MBS:(mb + 1) * MBS])
+            ref_eval += part / m if m > 1 and not delay else part
+        if delay:
+            ref_eval = ref_eval / m
+    close(f"{tag} eval_batch loss", eval_loss.numpy().reshape([]), ref_eval.numpy(), exact)
+    sched = engine.schedule(m)
+    predicted = simulate(sched).peak_in_flight[stage]
+    assert engine.last_step.peak_in_flight <= predicted, (engine.last_step.peak_in_flight, predicted)
+    split = engine.last_step.split
+    deferred = split.deferred if split is not None else 0
+    print(f"rank {stage}: {tag}: {'bitwise equal' if exact else f'equal within {TOL} (tied weight)'} "
+          f"(schedule {sched.kind} placement={sched.placement}, peak in flight {engine.last_step.peak_in_flight}, "
+          f"simulated {predicted}, {deferred} weight grads deferred)", flush=True)
+
+
+def main():
+    pp = int(sys.argv[1])
+    configs = []
+    for item in sys.argv[2].split(","):
+        kind, m, tied, delay = item.split(":")
+        configs.append((kind, int(m), tied == "1", delay == "1"))
+    kind0, m0, _, delay0 = configs[0]
+    pp_configs = {"delay_scale_loss": delay0}
+    if kind0 == "dualpipev":
+        pp_configs["use_dualpipev"] = True
+    else:
+        pp_configs["schedule_mode"] = "ZBV"
+    strategy = fleet.DistributedStrategy()
+    strategy.pipeline_configs = {"accumulate_steps": m0, "micro_batch_size": MBS}
+    paddle_ext.enable()
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": pp, "pp_configs": pp_configs}
+    fleet.init(is_collective=True, strategy=strategy)
+    hcg = fleet.get_hybrid_communicate_group()
+    for i, (kind, m, tied, delay) in enumerate(configs):
+        run(hcg, kind, m, tied, delay, via_fleet=(i == 0))
+    print(f"rank {hcg.get_stage_id()}: all configs passed", flush=True)
+
+
+if __name__ == "__main__":
+    main()
