@@ -103,7 +103,9 @@ def v_pipeline_model(vocab: int, hidden: int, seq: int, blocks: int, pp: int, ti
     the head is a copy with the same initial weights."""
     import paddle.distributed.fleet as fleet
     from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
-    from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import LocalSharedLayerDesc
+    from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import (
+        LocalSharedLayerDesc,
+    )
 
     args = dict(vocab=vocab, hidden=hidden, seq=seq, layer_id=0)
     if tied:

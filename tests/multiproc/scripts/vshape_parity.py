@@ -12,7 +12,11 @@ The first config goes through fleet.distributed_model with pp_configs.use_dualpi
 (dualpipev) or schedule_mode "ZBV" (zb-v); its loss has Paddle's DualPipeVParallel
 form (float32, shape [1]).
 
-Usage: vshape_parity.py PP KIND:M:TIED:DELAY[,...]   (TIED, DELAY: 0 or 1)
+With `overlap` (third argument) the model is examples/overlap_gpt.py's, which defines
+overlapped_forward_backward: dualpipev's F&B pairs run through it (schedule nodes, each
+backward whole), untied (Paddle's V segmentation takes no SharedLayerDesc).
+
+Usage: vshape_parity.py PP KIND:M:TIED:DELAY[,...] [overlap]   (TIED, DELAY: 0 or 1)
 """
 
 import sys
@@ -25,7 +29,8 @@ sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
 from _parity import GradRecorder, assert_equal  # noqa: E402
 
 import paddle_ext  # noqa: E402
-from examples.tiny_gpt import Embedding, Reference, batch, v_pipeline_model  # noqa: E402
+from examples import overlap_gpt  # noqa: E402
+from examples.tiny_gpt import Reference, batch, v_pipeline_model  # noqa: E402
 from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings  # noqa: E402
 from paddle_ext.pipeline.schedule import simulate  # noqa: E402
 
@@ -40,7 +45,7 @@ def v_params(model, stage):
     for c, chunk in enumerate(model._model_chunks):
         for layer in chunk.sublayers(include_self=True):
             if hasattr(layer, "layer_id"):
-                head = isinstance(layer, Embedding) and c == 1
+                head = layer.layer_id == 0 and c == 1
                 for name, p in layer.named_parameters():
                     if id(p) not in seen:
                         seen.add(id(p))
@@ -67,11 +72,23 @@ def close(what, got, want, exact):
     assert diff <= TOL * scale, f"{what}: relative diff {diff / scale:.3g} > {TOL}"
 
 
-def run(hcg, kind, m, tied, delay, via_fleet):
+def run(hcg, kind, m, tied, delay, via_fleet, overlap=False):
     pp, stage = hcg.get_pipe_parallel_world_size(), hcg.get_stage_id()
     paddle.seed(0)
-    model = v_pipeline_model(VOCAB, HIDDEN, SEQ, blocks=2 * pp, pp=pp, tied=tied)
-    ref = Reference(VOCAB, HIDDEN, SEQ, blocks=2 * pp)
+    if overlap:
+        model = overlap_gpt.overlap_model(VOCAB, HIDDEN, SEQ, blocks=2 * pp, pp=pp, use_dualpipev=True)
+        ref = overlap_gpt.Reference(VOCAB, HIDDEN, SEQ, blocks=2 * pp)
+    else:
+        model = v_pipeline_model(VOCAB, HIDDEN, SEQ, blocks=2 * pp, pp=pp, tied=tied)
+        ref = Reference(VOCAB, HIDDEN, SEQ, blocks=2 * pp)
+    pairs = []
+    if overlap:  # count the F&B steps that went through the model's method
+        method = model.overlapped_forward_backward
+
+        def counted(*args, **kwargs):
+            pairs.append(1)
+            return method(*args, **kwargs)
+        model.overlapped_forward_backward = counted
     mine = v_params(model, stage)
     refs = {key: ref_of(ref, key) for key in mine}
     if via_fleet:
@@ -84,7 +101,7 @@ def run(hcg, kind, m, tied, delay, via_fleet):
     recorder = GradRecorder(opt, mine)
     ref_opt = paddle.optimizer.Adam(1e-2, parameters=ref.parameters())
     exact = not tied  # the tied weight's sum order differs (module docstring)
-    tag = f"pp={pp} {kind} M={m} tied={tied} delay_scale_loss={delay}"
+    tag = f"pp={pp} {kind} M={m} tied={tied} delay_scale_loss={delay} overlap_model={overlap}"
     for step in range(STEPS):
         ids, labels = batch(step, m * MBS, SEQ, VOCAB)
         loss = engine.train_batch([ids, labels], recorder)
@@ -127,9 +144,12 @@ def run(hcg, kind, m, tied, delay, via_fleet):
     assert engine.last_step.peak_in_flight <= predicted, (engine.last_step.peak_in_flight, predicted)
     split = engine.last_step.split
     deferred = split.deferred if split is not None else 0
+    expected_pairs = sum(1 for a in sched.ranks[stage] if type(a).__name__ == "FB") * (STEPS if overlap else 0)
+    assert len(pairs) == expected_pairs, (len(pairs), expected_pairs)
     print(f"rank {stage}: {tag}: {'bitwise equal' if exact else f'equal within {TOL} (tied weight)'} "
           f"(schedule {sched.kind} placement={sched.placement}, peak in flight {engine.last_step.peak_in_flight}, "
-          f"simulated {predicted}, {deferred} weight grads deferred)", flush=True)
+          f"simulated {predicted}, {deferred} weight grads deferred, {len(pairs)} F&B through "
+          "overlapped_forward_backward)", flush=True)
 
 
 def main():
@@ -138,6 +158,7 @@ def main():
     for item in sys.argv[2].split(","):
         kind, m, tied, delay = item.split(":")
         configs.append((kind, int(m), tied == "1", delay == "1"))
+    overlap = len(sys.argv) > 3 and sys.argv[3] == "overlap"
     kind0, m0, _, delay0 = configs[0]
     pp_configs = {"delay_scale_loss": delay0}
     if kind0 == "dualpipev":
@@ -151,7 +172,7 @@ def main():
     fleet.init(is_collective=True, strategy=strategy)
     hcg = fleet.get_hybrid_communicate_group()
     for i, (kind, m, tied, delay) in enumerate(configs):
-        run(hcg, kind, m, tied, delay, via_fleet=(i == 0))
+        run(hcg, kind, m, tied and not overlap, delay, via_fleet=(i == 0), overlap=overlap)
     print(f"rank {hcg.get_stage_id()}: all configs passed", flush=True)
 
 
