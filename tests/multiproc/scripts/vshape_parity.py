@@ -26,7 +26,7 @@ import paddle
 import paddle.distributed.fleet as fleet
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
-from _parity import GradRecorder, assert_equal  # noqa: E402
+from _parity import GradRecorder, assert_equal, ref_param, v_stage_params  # noqa: E402
 
 import paddle_ext  # noqa: E402
 from examples import overlap_gpt  # noqa: E402
@@ -36,29 +36,6 @@ from paddle_ext.pipeline.schedule import simulate  # noqa: E402
 
 VOCAB, HIDDEN, SEQ, MBS, STEPS = 32, 16, 8, 2, 3
 TOL = 1e-6
-
-
-def v_params(model, stage):
-    """(layer_id, is_head, name) -> Parameter on this rank: rank 0's chunk 1 ends with the
-    lm head (an Embedding); a parameter shared by both is listed under the embedding."""
-    out, seen = {}, set()
-    for c, chunk in enumerate(model._model_chunks):
-        for layer in chunk.sublayers(include_self=True):
-            if hasattr(layer, "layer_id"):
-                head = layer.layer_id == 0 and c == 1
-                for name, p in layer.named_parameters():
-                    if id(p) not in seen:
-                        seen.add(id(p))
-                        out[(layer.layer_id, head, name)] = p
-    return out
-
-
-def ref_of(ref, key):
-    layer_id, head, name = key
-    obj = ref.layer(layer_id, head)
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def close(what, got, want, exact):
@@ -89,8 +66,8 @@ def run(hcg, kind, m, tied, delay, via_fleet, overlap=False):
             pairs.append(1)
             return method(*args, **kwargs)
         model.overlapped_forward_backward = counted
-    mine = v_params(model, stage)
-    refs = {key: ref_of(ref, key) for key in mine}
+    mine = v_stage_params(model)
+    refs = {key: ref_param(ref, key) for key in mine}
     if via_fleet:
         engine = fleet.distributed_model(model)
         assert isinstance(engine, PipelineEngine), type(engine)
