@@ -382,6 +382,14 @@ def hybrid_communicate_group_class():
     return HybridCommunicateGroup
 
 
+def linear_is_matmul_then_add() -> bool:
+    """Whether paddle.nn.functional.linear in dygraph computes a matmul, then adds the bias
+    (Paddle's `linear` op on CPU, 2.6 and 3.x; tested bit for bit against a split matmul).
+    On CUDA builds 3.x may run a fused GEMM with the bias in its epilogue (linear_v2,
+    cublasLt), whose rounding a separate matmul and add need not reproduce."""
+    return tensor_device_kind() == "cpu"
+
+
 # --- V placement (pipeline/schedule/vshape.py: zb-v, dualpipev) --------------------------
 
 def pipeline_is_v(layers: Any) -> bool:

@@ -75,6 +75,8 @@ def _run(net: paddle.nn.Layer, data: list, mode: str, store: WeightGradStore | N
         if getattr(p, "main_grad", None) is not None:
             p.main_grad = None  # what MixPrecisionOptimizer.clear_grad does
     outs = []
+    if store is not None:
+        store.begin_step()
     for mb, (x, ids) in enumerate(data):
         if store is None:
             outs.append(net(x, ids))
@@ -89,14 +91,12 @@ def _run(net: paddle.nn.Layer, data: list, mode: str, store: WeightGradStore | N
         for mb in range(len(data)):
             back(mb)
     elif mode == "split":
-        store.begin_step()
         for mb in range(len(data)):
             store.input_backward(0, mb, lambda mb=mb: back(mb))
         for mb in range(len(data)):
             store.weight_backward(0, mb)
         store.end_step()
     else:
-        store.begin_step()
         for mb in range(len(data)):
             store.input_backward(0, mb, lambda mb=mb: back(mb))
             if mb:
@@ -292,6 +292,8 @@ def test_fleet_column_and_row_parallel_linear() -> None:
     def step(store: WeightGradStore | None) -> list:
         net.clear_gradients()
         outs = []
+        if store is not None:
+            store.begin_step()
         for mb, x in enumerate(data):
             if store is None:
                 outs.append(net(x))
@@ -302,7 +304,6 @@ def test_fleet_column_and_row_parallel_linear() -> None:
             for y in outs:
                 y.square().sum().backward()
         else:
-            store.begin_step()
             for mb, y in enumerate(outs):
                 store.input_backward(0, mb, lambda y=y: y.square().sum().backward())
             for mb in range(len(data)):

@@ -205,8 +205,12 @@ class Interpreter:
         self.async_links = async_links
         self.comm: Optional[CommThread] = None
         self.slots: dict[tuple[int, int], _Slot] = {}
-        # the (chunk, mb)s whose backward is an I: their forwards run split
-        self._split_keys = {(a.chunk, a.mb) for a in self.actions if isinstance(a, I)}
+        # An I directly followed by its own W is a plain backward (the same sums, and
+        # Paddle's fused matmul_grad: a W later re-reads x and dY from memory); the other
+        # I's forwards run split.
+        self._fused = {(a.chunk, a.mb) for a, nxt in zip(self.actions, self.actions[1:])
+                       if isinstance(a, I) and nxt == W(a.chunk, a.mb)}
+        self._split_keys = {(a.chunk, a.mb) for a in self.actions if isinstance(a, I)} - self._fused
         self.in_flight = 0  # forwards done whose backward has not run: what the simulator counts
         self.peak_in_flight = 0
         # (position, action, start, end) in wall-clock seconds: ranks on one host share
@@ -399,13 +403,17 @@ class Interpreter:
             raise RuntimeError(f"I{chunk}.{mb}: zero-bubble actions need the engine's split backward "
                                "(and no schedule nodes: forward_backward_overlap_scheduler is off)")
         self.in_flight -= 1
-        prog.split.input_backward(chunk, mb, lambda: self._plain_backward(chunk, mb))
+        if (chunk, mb) in self._fused:
+            self._plain_backward(chunk, mb)  # its W, next, has nothing left to do
+        else:
+            prog.split.input_backward(chunk, mb, lambda: self._plain_backward(chunk, mb))
 
     def _weight_backward(self, chunk: int, mb: int) -> None:
         """W(chunk, mb): the weight gradients its I deferred."""
         if self.program.split is None:
             raise RuntimeError(f"W{chunk}.{mb}: zero-bubble actions need the engine's split backward")
-        self.program.split.weight_backward(chunk, mb)
+        if (chunk, mb) not in self._fused:
+            self.program.split.weight_backward(chunk, mb)
 
     def _grads_argument(self, chunk: int, mb: int, grads: list) -> Any:
         """Output gradients as upstream hands them to a node backward: a tuple for a tuple

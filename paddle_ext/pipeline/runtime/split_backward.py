@@ -34,6 +34,11 @@ difference at most) and the weight is left to autograd from then on. W for one
 chunk must run in its I order (the schedules do) for the cross-micro-batch sums
 to match B's; `reordered` names the exceptions.
 
+Devices. Linear is captured where F.linear is a matmul then an add (CPU:
+compat.linear_is_matmul_then_add); elsewhere it keeps Paddle's kernel (possibly a
+fused GEMM with bias) and its gradients come in I. Bitwise equality is tested on
+fp32 CPU.
+
 Memory. A pending W holds x and dY of each deferred matmul (x is the saved
 activation a plain backward would have freed at B); `pending_bytes` /
 `peak_pending_bytes` account for them (each tensor counted once).
@@ -48,6 +53,8 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 
 import paddle
 from paddle import _C_ops
+
+from paddle_ext import compat
 
 __all__ = ["WeightGradStore", "SplitStats"]
 
@@ -187,8 +194,12 @@ class WeightGradStore:
 
     # --- one step -----------------------------------------------------------------
     def begin_step(self) -> None:
+        """A new step; what a failed step left behind is dropped."""
         self.stats = SplitStats()
         self._i_order = {}
+        self._pending.clear()
+        self._captured.clear()
+        self.pending_bytes = 0
 
     def end_step(self) -> SplitStats:
         if self._pending:
@@ -222,8 +233,10 @@ class WeightGradStore:
             self._hook_native(w)
             return _SplitMatmul.apply(x, _Weight(w), trans_y, store, key)
 
+        split_linear = compat.linear_is_matmul_then_add()  # else Linear keeps Paddle's own kernel
+
         def linear(x: Any, weight: Any, bias: Any = None, name: Any = None) -> Any:
-            out = split(x, weight, False)
+            out = split(x, weight, False) if split_linear else None
             if out is None:
                 return f_linear(x, weight, bias, name)
             return out if bias is None else _C_ops.add(out, bias)

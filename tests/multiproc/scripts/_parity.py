@@ -64,3 +64,18 @@ def assert_equal(what, got, want, differs="pipeline differs from the single-proc
     if not np.array_equal(got, want):
         diff = np.max(np.abs(got.astype(np.float64) - want)) if got.shape == want.shape else "shape"
         raise AssertionError(f"{what}: {differs} (max abs diff {diff})")
+
+
+def check_split(engine, stage, m):
+    """A zero-bubble step's SplitStats: weight gradients were deferred wherever the
+    schedule separates an I from its W (an I directly followed by its W runs as a plain
+    backward), and no sum was split or reordered. Returns a note for the log."""
+    from paddle_ext.pipeline.schedule.ir import I, W
+
+    actions = engine.schedule(m).ranks[stage]
+    separated = sum(1 for a, nxt in zip(actions, actions[1:]) if isinstance(a, I) and nxt != W(a.chunk, a.mb))
+    split = engine.last_step.split
+    assert split is not None and not split.mixed and not split.reordered, split
+    assert (split.deferred > 0) == (separated > 0), (separated, split)
+    return (f", {separated} I's apart from their W, {split.deferred} weight grads deferred, pending W peak "
+            f"{split.peak_pending_bytes} B")
