@@ -3,8 +3,8 @@ against single-process runs.
 
 Four launches, each looping over its configs inside one job: pp2 and pp4 x {zb-v,
 dualpipev} x M in {1 (the minimum), 2, 3*pp}, tied (LocalSharedLayerDesc) and untied
-embeddings, delay_scale_loss, the first config through fleet.distributed_model with
-pp_configs.use_dualpipev / schedule_mode "ZBV"; pp2 with examples/overlap_gpt.py (its
+embeddings, delay_scale_loss, overlap_p2p_comm (pp2), the first config through
+fleet.distributed_model with pp_configs.use_dualpipev / schedule_mode "ZBV"; pp2 with examples/overlap_gpt.py (its
 overlapped_forward_backward runs dualpipev's F&B pairs); and pp2 x dp2 with dp overlap
 (grad_overlap_parity.py's `v` configs). Losses, grads and parameters after 3 Adam steps:
 bitwise untied, within 1e-6 where the tied word table sums its two uses in schedule
@@ -22,7 +22,8 @@ pytestmark = [pytest.mark.multiprocess,
               pytest.mark.skipif(not compat.pipeline_layer_supports_v(),
                                  reason="this Paddle's PipelineLayer has no use_dualpipev (V segmentation, 3.3+)")]
 
-CONFIGS = {2: "dualpipev:1:1:0,dualpipev:2:0:1,dualpipev:6:1:0,zb-v:1:1:1,zb-v:2:0:0,zb-v:6:1:0",
+CONFIGS = {2: "dualpipev:1:1:0,dualpipev:2:0:1,dualpipev:6:1:0,zb-v:1:1:1,zb-v:2:0:0,zb-v:6:1:0,dualpipev:5:0:0:1,"
+              "zb-v:3:0:1:1",
            4: "zb-v:12:1:0,zb-v:1:0:0,zb-v:2:1:1,dualpipev:1:1:0,dualpipev:2:0:1,dualpipev:12:1:0"}
 
 
@@ -30,7 +31,7 @@ CONFIGS = {2: "dualpipev:1:1:0,dualpipev:2:0:1,dualpipev:6:1:0,zb-v:1:1:1,zb-v:2
 def test_v_schedules_equal_single_process(pp):
     result = launch("vshape_parity.py", str(pp), CONFIGS[pp], nproc=pp, timeout=240)
     assert result.returncode == 0, result.describe()
-    want = [(k, m, "bitwise" if t == "0" else "within") for k, m, t, _ in
+    want = [(k, m, "bitwise" if t == "0" else "within") for k, m, t, *_ in
             (c.split(":") for c in CONFIGS[pp].split(","))]
     for rank in range(pp):
         log = result.logs[rank]

@@ -16,7 +16,8 @@ With `overlap` (third argument) the model is examples/overlap_gpt.py's, which de
 overlapped_forward_backward: dualpipev's F&B pairs run through it (schedule nodes, each
 backward whole), untied (Paddle's V segmentation takes no SharedLayerDesc).
 
-Usage: vshape_parity.py PP KIND:M:TIED:DELAY[,...] [overlap]   (TIED, DELAY: 0 or 1)
+Usage: vshape_parity.py PP KIND:M:TIED:DELAY[:P2P][,...] [overlap]   (TIED, DELAY, P2P: 0 or 1;
+P2P: pp_configs.overlap_p2p_comm, the transfers on communication threads)
 """
 
 import sys
@@ -49,7 +50,7 @@ def close(what, got, want, exact):
     assert diff <= TOL * scale, f"{what}: relative diff {diff / scale:.3g} > {TOL}"
 
 
-def run(hcg, kind, m, tied, delay, via_fleet, overlap=False):
+def run(hcg, kind, m, tied, delay, via_fleet, overlap=False, p2p=False):
     pp, stage = hcg.get_pipe_parallel_world_size(), hcg.get_stage_id()
     paddle.seed(0)
     if overlap:
@@ -73,12 +74,13 @@ def run(hcg, kind, m, tied, delay, via_fleet, overlap=False):
         assert isinstance(engine, PipelineEngine), type(engine)
         opt = fleet.distributed_optimizer(paddle.optimizer.Adam(1e-2, parameters=model.parameters()))
     else:
-        engine = PipelineEngine(model, hcg, PipelineSettings(m, MBS, delay_scale_loss=delay, kind=kind))
+        engine = PipelineEngine(model, hcg, PipelineSettings(m, MBS, delay_scale_loss=delay, kind=kind,
+                                                             overlap_p2p=p2p))
         opt = paddle.optimizer.Adam(1e-2, parameters=model.parameters())
     recorder = GradRecorder(opt, mine)
     ref_opt = paddle.optimizer.Adam(1e-2, parameters=ref.parameters())
     exact = not tied  # the tied weight's sum order differs (module docstring)
-    tag = f"pp={pp} {kind} M={m} tied={tied} delay_scale_loss={delay} overlap_model={overlap}"
+    tag = f"pp={pp} {kind} M={m} tied={tied} delay_scale_loss={delay} overlap_model={overlap} p2p={p2p}"
     for step in range(STEPS):
         ids, labels = batch(step, m * MBS, SEQ, VOCAB)
         loss = engine.train_batch([ids, labels], recorder)
@@ -133,10 +135,10 @@ def main():
     pp = int(sys.argv[1])
     configs = []
     for item in sys.argv[2].split(","):
-        kind, m, tied, delay = item.split(":")
-        configs.append((kind, int(m), tied == "1", delay == "1"))
+        kind, m, tied, delay, *p2p = item.split(":")
+        configs.append((kind, int(m), tied == "1", delay == "1", p2p == ["1"]))
     overlap = len(sys.argv) > 3 and sys.argv[3] == "overlap"
-    kind0, m0, _, delay0 = configs[0]
+    kind0, m0, _, delay0, _ = configs[0]
     pp_configs = {"delay_scale_loss": delay0}
     if kind0 == "dualpipev":
         pp_configs["use_dualpipev"] = True
@@ -148,8 +150,8 @@ def main():
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": pp, "pp_configs": pp_configs}
     fleet.init(is_collective=True, strategy=strategy)
     hcg = fleet.get_hybrid_communicate_group()
-    for i, (kind, m, tied, delay) in enumerate(configs):
-        run(hcg, kind, m, tied and not overlap, delay, via_fleet=(i == 0), overlap=overlap)
+    for i, (kind, m, tied, delay, p2p) in enumerate(configs):
+        run(hcg, kind, m, tied and not overlap, delay, via_fleet=(i == 0), overlap=overlap, p2p=p2p)
     print(f"rank {hcg.get_stage_id()}: all configs passed", flush=True)
 
 
