@@ -355,14 +355,22 @@ class PipelineEngine(paddle.nn.Layer):
                 if not last:
                     self._p2p.send_activation(("eval", chunk if rank < pp - 1 else chunk + 1), y, (rank + 1) % pp,
                                               f"eval SA{chunk}.{mb}")
-                elif compute_loss:  # scaled as train_batch scales it, summed by _broadcast_loss
-                    loss = loss_fn(y, batches.labels(mb))
-                    losses.append(loss / m if m > 1 and not self.settings.delay_scale_loss else loss)
                 else:
-                    outputs.append(y)
+                    self._eval_output(y, mb, batches, loss_fn, losses if compute_loss else None, outputs)
         if compute_loss:
             return self._broadcast_loss(losses, per_microbatch=False)
         return outputs if rank == pp - 1 else None
+
+    def _eval_output(self, y: Any, mb: int, batches: MicroBatches, loss_fn: Any, losses: Optional[list],
+                     outputs: list) -> None:
+        """The loss stage's eval result: the loss scaled as train_batch scales it (summed
+        by _broadcast_loss), or the output itself when `losses` is None."""
+        if losses is None:
+            outputs.append(y)
+            return
+        m = self.accumulate_steps
+        loss = loss_fn(y, batches.labels(mb))
+        losses.append(loss / m if m > 1 and not self.settings.delay_scale_loss else loss)
 
     def _eval_v(self, batches: MicroBatches, loss_fn: Any, compute_loss: bool) -> Any:
         """eval_batch on the V placement: chunk 0 down the ranks, chunk 1 back up, the
@@ -379,11 +387,8 @@ class PipelineEngine(paddle.nn.Layer):
             y = self._layers(y, chunk_id=1)
             if rank > 0:
                 self._p2p.send_activation(("eval", 1), y, rank - 1, f"eval SA1.{mb}")
-            elif compute_loss:
-                loss = loss_fn(y, batches.labels(mb))
-                losses.append(loss / m if m > 1 and not self.settings.delay_scale_loss else loss)
             else:
-                outputs.append(y)
+                self._eval_output(y, mb, batches, loss_fn, losses if compute_loss else None, outputs)
         if compute_loss:
             return self._broadcast_loss(losses, per_microbatch=False)
         return outputs if rank == 0 else None

@@ -47,6 +47,19 @@ def v_stage_params(model):
     return out
 
 
+def reference_eval_loss(ref, ids, labels, m, mbs, delay):
+    """eval_batch's loss computed by the single-process reference: the micro-batch
+    losses summed, each / m (or the sum / m under delay_scale_loss)."""
+    import paddle
+
+    with paddle.no_grad():
+        total = paddle.zeros([])
+        for mb in range(m):
+            part = ref(ids[mb * mbs:(mb + 1) * mbs], labels[mb * mbs:(mb + 1) * mbs])
+            total += part / m if m > 1 and not delay else part
+        return total / m if delay else total
+
+
 def ref_param(ref, key):
     """The reference model's parameter for a stage_params key."""
     layer_id, head, name = key

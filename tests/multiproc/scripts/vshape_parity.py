@@ -27,7 +27,7 @@ import paddle
 import paddle.distributed.fleet as fleet
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
-from _parity import GradRecorder, assert_equal, ref_param, v_stage_params  # noqa: E402
+from _parity import GradRecorder, assert_equal, ref_param, reference_eval_loss, v_stage_params  # noqa: E402
 
 import paddle_ext  # noqa: E402
 from examples import overlap_gpt  # noqa: E402
@@ -110,13 +110,7 @@ def run(hcg, kind, m, tied, delay, via_fleet, overlap=False, p2p=False):
         close(f"{tag} param {key} after {STEPS} steps", mine[key].numpy(), p.numpy(), exact)
     ids, labels = batch(STEPS, m * MBS, SEQ, VOCAB)
     eval_loss = engine.eval_batch([ids, labels], compute_loss=True)
-    with paddle.no_grad():
-        ref_eval = paddle.zeros([])
-        for mb in range(m):
-            part = ref(ids[mb * MBS:(mb + 1) * MBS], labels[mb * MBS:(mb + 1) * MBS])
-            ref_eval += part / m if m > 1 and not delay else part
-        if delay:
-            ref_eval = ref_eval / m
+    ref_eval = reference_eval_loss(ref, ids, labels, m, MBS, delay)
     close(f"{tag} eval_batch loss", eval_loss.numpy().reshape([]), ref_eval.numpy(), exact)
     sched = engine.schedule(m)
     predicted = simulate(sched).peak_in_flight[stage]
