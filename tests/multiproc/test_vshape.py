@@ -46,7 +46,7 @@ def test_dualpipev_pairs_run_through_overlapped_forward_backward():
     assert result.returncode == 0, result.describe()
     for rank in range(2):
         log = result.logs[rank]
-        found = re.findall(rf"rank {rank}: pp=2 (\S+) M=(\d+) .*overlap_model=True: bitwise equal \(schedule (\S+) "
+        found = re.findall(rf"rank {rank}: pp=2 (\S+) M=(\d+) .*overlap_model=True p2p=False: bitwise equal \(schedule (\S+) "
                            r".*, (\d+) F&B through", log)
         assert [f[:3] for f in found] == [("dualpipev", "6", "dualpipev-overlap"), ("dualpipev", "2", "dualpipev-overlap"),
                                           ("zb-v", "1", "zb-v")], result.describe()
