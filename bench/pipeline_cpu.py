@@ -16,7 +16,8 @@ gives for those costs is printed too. Target: measured >= 90% of predicted.
 single-process reference), e.g. `--kinds 1f1b,zb-h1` or, with --vpp 2,
 `--kinds interleaved,interleaved-zb`; each row prints the measured step time, the
 measured bubble (1 - busy / (pp * makespan) of the recorded spans) and the
-simulator's for the measured costs, and the step time relative to the first kind.
+simulator's for the measured costs, and the step time relative to the first kind;
+--repeats launches each kind that many times in ABBA order and averages.
 The kinds go through pp_configs.schedule_mode, as a user selects them (dualpipev:
 pp_configs.use_dualpipev). The V kinds (zb-v, dualpipev) run on the same blocks built as a
 use_dualpipev PipelineLayer (Paddle 3.3+; two chunks per rank in a V); 1f1b and zb-h1 run
@@ -62,6 +63,7 @@ def parse_args(argv=None):
     p.add_argument("--pp", type=int, default=2)
     p.add_argument("--kind", default="", choices=sorted(MODES))
     p.add_argument("--kinds", default="", help="comma-separated schedule kinds (launch mode)")
+    p.add_argument("--repeats", type=int, default=2, help="launches per kind, in ABBA order (launch mode)")
     p.add_argument("--blocks", type=int, default=0, help="transformer blocks (default: see the module docstring)")
     return p.parse_args(argv)
 
@@ -156,13 +158,18 @@ def launch(a) -> None:
     a.blocks = a.blocks or a.pp * a.vpp
     common = [x for x in passed_on(a, MODEL_ARGS) if not x.startswith("--vpp=")] + [f"--pp={a.pp}",
                                                                                     f"--blocks={a.blocks}"]
-    rows = []
-    for kind in kinds:
+    # ABBA order (--repeats 2): on a shared machine a later launch can run faster or slower
+    # than an earlier one whatever its schedule; each kind's figures are its runs' means
+    order = [k for r in range(a.repeats) for k in (kinds if r % 2 == 0 else kinds[::-1])]
+    runs: dict = {k: [] for k in kinds}
+    for kind in order:
         pipe_out = launch_ranks(__file__, [*common, f"--kind={kind}", f"--vpp={kind_vpp(kind, a.vpp)}"], "pipe.json",
                                 nproc=a.pp, prefix="pipeline_bench_", timeout=600)
         with open(pipe_out) as f:
-            rows.append(json.load(f))
+            runs[kind].append(json.load(f))
         single_out = os.path.join(os.path.dirname(pipe_out), "single.json")
+    rows = [{key: (statistics.mean(r[key] for r in runs[k]) if key != "kind" else runs[k][0][key])
+             for key in runs[k][0]} for k in kinds]
     subprocess.run([sys.executable, os.path.abspath(__file__), "--mode=single", f"--out={single_out}", *common,
                     f"--vpp={a.vpp}"],
                    env={**os.environ, **CPU_ENV}, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -171,8 +178,8 @@ def launch(a) -> None:
         t_single = json.load(f)["step"]
     pp = a.pp
     print(f"pipeline_cpu: pp={pp} vpp={a.vpp} blocks={a.blocks} M={a.microbatches} hidden={a.hidden} seq={a.seq}, "
-          "1 thread per process; "
-          f"reference single process: {t_single * 1e3:.1f} ms/step")
+          f"1 thread per process, {a.repeats} launch(es) per kind; reference single process: "
+          f"{t_single * 1e3:.1f} ms/step")
     for pipe in rows:
         measured = t_single / (pp * pipe["step"])
         predicted = t_single / (pp * pipe["predicted_step"])

@@ -152,8 +152,8 @@ def test_embedding_tied_to_a_head_matmul_in_one_chunk() -> None:
     assert store.last.deferred == 3 * 4 and not store.last.mixed
 
 
-def test_weights_wait_for_w() -> None:
-    """After I only the input gradient and the non-deferred parameters have gradients."""
+def _one_input_backward() -> tuple:
+    """A fresh Net, one micro-batch's F and I run through a new store."""
     paddle.seed(2)
     net = Net()
     (x, ids), = _data(1)
@@ -162,6 +162,12 @@ def test_weights_wait_for_w() -> None:
     with store.capture(0, 0):
         out = net(x, ids)
     store.input_backward(0, 0, lambda: out.sum().backward())
+    return net, x, store
+
+
+def test_weights_wait_for_w() -> None:
+    """After I only the input gradient and the non-deferred parameters have gradients."""
+    net, x, store = _one_input_backward()
     assert x.grad is not None and net.norm.weight.grad is not None and net.a.bias.grad is not None
     assert net.a.weight.grad is None and net.b.weight.grad is None and net.own.w.grad is None
     assert net.head.w.grad is None
@@ -172,14 +178,7 @@ def test_weights_wait_for_w() -> None:
 
 
 def test_an_input_backward_without_its_weight_backward_is_an_error() -> None:
-    paddle.seed(2)
-    net = Net()
-    (x, ids), = _data(1)
-    store = WeightGradStore().bind([net])
-    store.begin_step()
-    with store.capture(0, 0):
-        out = net(x, ids)
-    store.input_backward(0, 0, lambda: out.sum().backward())
+    _, _, store = _one_input_backward()
     with pytest.raises(RuntimeError, match="weight gradients of 0.0 were deferred and never computed"):
         store.end_step()
     assert store.pending_bytes == 0
