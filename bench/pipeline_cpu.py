@@ -18,10 +18,15 @@ single-process reference), e.g. `--kinds 1f1b,zb-h1` or, with --vpp 2,
 measured bubble (1 - busy / (pp * makespan) of the recorded spans) and the
 simulator's for the measured costs, and the step time relative to the first kind;
 --repeats launches each kind that many times in ABBA order and averages.
-The kinds go through pp_configs.schedule_mode, as a user selects them.
+The kinds go through pp_configs.schedule_mode, as a user selects them (dualpipev:
+pp_configs.use_dualpipev). The V kinds (zb-v, dualpipev) run on the same blocks built as a
+use_dualpipev PipelineLayer (Paddle 3.3+; two chunks per rank in a V); 1f1b and zb-h1 run
+with one chunk per rank and the interleaved kinds with --vpp (at least 2 when the run
+mixes them with V kinds), so every kind of one run trains the same model:
+pp * max(vpp, 2) blocks when a V kind is in the run, else pp * vpp.
 
     python bench/pipeline_cpu.py [--pp 2] [--vpp 1] [--microbatches 8] [--hidden 512] [--steps 5]
-                                 [--kinds 1f1b,zb-h1]
+                                 [--kinds 1f1b,interleaved,zb-h1,zb-v,dualpipev --vpp 2]
 """
 
 from __future__ import annotations
@@ -45,7 +50,10 @@ from bench._launch import (  # noqa: E402
     passed_on,
 )
 
-MODES = {"": "", "1f1b": "1F1B", "interleaved": "VPP", "zb-h1": "ZBH1", "interleaved-zb": "ZBVPP"}
+MODES = {"": "", "1f1b": "1F1B", "interleaved": "VPP", "zb-h1": "ZBH1", "interleaved-zb": "ZBVPP", "zb-v": "ZBV",
+         "dualpipev": ""}
+V_KINDS = ("zb-v", "dualpipev")
+ONE_CHUNK = ("1f1b", "zb-h1")
 
 
 def parse_args(argv=None):
@@ -56,11 +64,17 @@ def parse_args(argv=None):
     p.add_argument("--kind", default="", choices=sorted(MODES))
     p.add_argument("--kinds", default="", help="comma-separated schedule kinds (launch mode)")
     p.add_argument("--repeats", type=int, default=2, help="launches per kind, in ABBA order (launch mode)")
+    p.add_argument("--blocks", type=int, default=0, help="transformer blocks (default: see the module docstring)")
     return p.parse_args(argv)
 
 
 def model_args(a):
-    return a.vocab, a.hidden, a.seq, a.pp * a.vpp
+    return a.vocab, a.hidden, a.seq, a.blocks or a.pp * a.vpp
+
+
+def kind_vpp(kind: str, vpp: int) -> int:
+    """Chunks per rank a kind runs with in this bench (V kinds: 2, in a V)."""
+    return 1 if kind in ONE_CHUNK else 2 if kind in V_KINDS else vpp
 
 
 def single(a) -> None:
@@ -89,14 +103,17 @@ def rank(a) -> None:
     import paddle.distributed as dist
     import paddle.distributed.fleet as fleet
 
-    from examples.tiny_gpt import pattern_batch, pipeline_model
+    from examples.tiny_gpt import pattern_batch, pipeline_model, v_pipeline_model
     from paddle_ext.pipeline.schedule import simulate
     from paddle_ext.pipeline.schedule.ir import Comm
     from paddle_ext.pipeline.timeline import measured_costs, measured_result
 
     PP = a.pp
-    init_pipeline(a, PP, pp_configs={"schedule_mode": MODES[a.kind]} if a.kind else None)
-    model = fleet.distributed_model(pipeline_model(*model_args(a), pp=PP, vpp=a.vpp))
+    configs = {"use_dualpipev": True} if a.kind == "dualpipev" else {"schedule_mode": MODES[a.kind]} if a.kind else None
+    init_pipeline(a, PP, pp_configs=configs)
+    layers = (v_pipeline_model(*model_args(a), pp=PP) if a.kind in V_KINDS
+              else pipeline_model(*model_args(a), pp=PP, vpp=a.vpp))
+    model = fleet.distributed_model(layers)
     opt = paddle.optimizer.AdamW(1e-3, parameters=model.parameters())
     times, spans, outside = [], [], []
     for step in range(a.steps + 1):
@@ -132,31 +149,37 @@ def rank(a) -> None:
 
 
 def launch(a) -> None:
-    common = passed_on(a, MODEL_ARGS) + [f"--pp={a.pp}"]
     kinds = [k.strip() for k in a.kinds.split(",") if k.strip()] or [a.kind]
     unknown = [k for k in kinds if k not in MODES]
     if unknown:
         raise SystemExit(f"--kinds: unknown kind(s) {unknown}; allowed: {sorted(k for k in MODES if k)}")
+    if any(k in V_KINDS for k in kinds):
+        a.vpp = max(a.vpp, 2)
+    a.blocks = a.blocks or a.pp * a.vpp
+    common = [x for x in passed_on(a, MODEL_ARGS) if not x.startswith("--vpp=")] + [f"--pp={a.pp}",
+                                                                                    f"--blocks={a.blocks}"]
     # ABBA order (--repeats 2): on a shared machine a later launch can run faster or slower
     # than an earlier one whatever its schedule; each kind's figures are its runs' means
     order = [k for r in range(a.repeats) for k in (kinds if r % 2 == 0 else kinds[::-1])]
     runs: dict = {k: [] for k in kinds}
     for kind in order:
-        pipe_out = launch_ranks(__file__, [*common, f"--kind={kind}"], "pipe.json", nproc=a.pp,
-                                prefix="pipeline_bench_", timeout=600)
+        pipe_out = launch_ranks(__file__, [*common, f"--kind={kind}", f"--vpp={kind_vpp(kind, a.vpp)}"], "pipe.json",
+                                nproc=a.pp, prefix="pipeline_bench_", timeout=600)
         with open(pipe_out) as f:
             runs[kind].append(json.load(f))
         single_out = os.path.join(os.path.dirname(pipe_out), "single.json")
     rows = [{key: (statistics.mean(r[key] for r in runs[k]) if key != "kind" else runs[k][0][key])
              for key in runs[k][0]} for k in kinds]
-    subprocess.run([sys.executable, os.path.abspath(__file__), "--mode=single", f"--out={single_out}", *common],
+    subprocess.run([sys.executable, os.path.abspath(__file__), "--mode=single", f"--out={single_out}", *common,
+                    f"--vpp={a.vpp}"],
                    env={**os.environ, **CPU_ENV}, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                    timeout=600)
     with open(single_out) as f:
         t_single = json.load(f)["step"]
     pp = a.pp
-    print(f"pipeline_cpu: pp={pp} vpp={a.vpp} M={a.microbatches} hidden={a.hidden} seq={a.seq}, 1 thread per process, "
-          f"{a.repeats} launch(es) per kind; reference single process: {t_single * 1e3:.1f} ms/step")
+    print(f"pipeline_cpu: pp={pp} vpp={a.vpp} blocks={a.blocks} M={a.microbatches} hidden={a.hidden} seq={a.seq}, "
+          f"1 thread per process, {a.repeats} launch(es) per kind; reference single process: "
+          f"{t_single * 1e3:.1f} ms/step")
     for pipe in rows:
         measured = t_single / (pp * pipe["step"])
         predicted = t_single / (pp * pipe["predicted_step"])

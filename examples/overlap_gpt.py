@@ -152,21 +152,31 @@ class OverlapGPT(PipelineLayer):
 
 
 def overlap_model(vocab: int, hidden: int, seq: int, blocks: int, pp: int, vpp: int = 1,
-                  heads: int = 2, overlapped: bool = True):
+                  heads: int = 2, overlapped: bool = True, use_dualpipev: bool = False):
     """The model as a fleet PipelineLayer (after fleet.init). overlapped=False builds a
-    plain PipelineLayer of the same layers, without `overlapped_forward_backward`."""
+    plain PipelineLayer of the same layers, without `overlapped_forward_backward`.
+    use_dualpipev: segmented for the V placement (Paddle 3.3), the head a copy of the
+    embedding with the same initial weights (untied: Paddle's V segmentation takes no
+    SharedLayerDesc)."""
     import paddle.distributed.fleet as fleet
 
-    descs = [SharedLayerDesc("embed", TiedEmbedding, shared_weight_attr="embedding_weight",
-                             vocab=vocab, hidden=hidden, seq=seq, layer_id=0)]
+    ends = dict(vocab=vocab, hidden=hidden, seq=seq, layer_id=0)
+    if use_dualpipev:
+        descs = [LayerDesc(TiedEmbedding, **ends)]
+    else:
+        descs = [SharedLayerDesc("embed", TiedEmbedding, shared_weight_attr="embedding_weight", **ends)]
     descs += [LayerDesc(TransformerBlock, hidden=hidden, heads=heads, layer_id=i + 1)
               for i in range(blocks)]
-    descs += [SharedLayerDesc("embed", TiedEmbedding, shared_weight_attr="embedding_weight",
-                              vocab=vocab, hidden=hidden, seq=seq, layer_id=0)]
+    if use_dualpipev:
+        descs += [LayerDesc(TiedEmbedding, **ends)]
+    else:
+        descs += [SharedLayerDesc("embed", TiedEmbedding, shared_weight_attr="embedding_weight", **ends)]
     topology = fleet.get_hybrid_communicate_group().topology()
     cls = OverlapGPT if overlapped else PipelineLayer
+    layout = {"use_dualpipev": True} if use_dualpipev else {
+        "num_virtual_pipeline_stages": vpp if vpp > 1 else None}
     return cls(layers=descs, topology=topology, loss_fn=LMLoss(), seg_method="layer:TransformerBlock",
-               num_virtual_pipeline_stages=vpp if vpp > 1 else None)
+               **layout)
 
 
 class Reference(nn.Layer):

@@ -22,13 +22,18 @@ def _init(param: paddle.Tensor, seed: int, scale: float = 0.2) -> None:
 
 
 class Embedding(nn.Layer):
-    def __init__(self, vocab: int, hidden: int, seq: int, layer_id: int = 0) -> None:
+    def __init__(self, vocab: int, hidden: int, seq: int, layer_id: int = 0,
+                 embedding_weight: paddle.Tensor | None = None) -> None:
+        """embedding_weight: share this word embedding (fleet's LocalSharedLayerDesc
+        builds the tied lm head of a V-segmented model so)."""
         super().__init__()
         self.layer_id = layer_id
         self.word = nn.Embedding(vocab, hidden)
         self.position = nn.Embedding(seq, hidden)
         _init(self.word.weight, 1000 + layer_id)
         _init(self.position.weight, 2000 + layer_id)
+        if embedding_weight is not None:
+            self.word.weight = embedding_weight
 
     @property
     def embedding_weight(self) -> paddle.Tensor:
@@ -82,6 +87,40 @@ def pipeline_model(vocab: int, hidden: int, seq: int, blocks: int, pp: int, vpp:
     assert topology.get_dim("pipe") == pp, (topology.get_dim("pipe"), pp)
     return PipelineLayer(layers=descs, topology=topology, loss_fn=LMLoss(), seg_method="layer:Block",
                          num_virtual_pipeline_stages=vpp if vpp > 1 else None)
+
+
+class Head(Embedding):
+    """The lm head as a layer of its own (an untied head: LayerDesc, no forward_func)."""
+
+    def forward(self, inputs):
+        return lm_head(self, inputs)
+
+
+def v_pipeline_model(vocab: int, hidden: int, seq: int, blocks: int, pp: int, tied: bool = True):
+    """The model as a PipelineLayer segmented for the V placement (Paddle 3.3's
+    use_dualpipev=True: rank r holds stages r and 2*pp-1-r). Rank 0 holds the embedding
+    and the lm head, so the tie is local (LocalSharedLayerDesc: one parameter); untied,
+    the head is a copy with the same initial weights."""
+    import paddle.distributed.fleet as fleet
+    from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
+    from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import (
+        LocalSharedLayerDesc,
+    )
+
+    args = dict(vocab=vocab, hidden=hidden, seq=seq, layer_id=0)
+    if tied:
+        descs = [LocalSharedLayerDesc("embed", Embedding, shared_weight_attr="embedding_weight", **args)]
+    else:
+        descs = [LayerDesc(Embedding, **args)]
+    descs += [LayerDesc(Block, hidden=hidden, layer_id=i + 1) for i in range(blocks)]
+    if tied:
+        descs += [LocalSharedLayerDesc("embed", Embedding, forward_func=lm_head,
+                                       shared_weight_attr="embedding_weight", **args)]
+    else:
+        descs += [LayerDesc(Head, **args)]
+    topology = fleet.get_hybrid_communicate_group().topology()
+    return PipelineLayer(layers=descs, topology=topology, loss_fn=LMLoss(), seg_method="layer:Block",
+                         use_dualpipev=True)
 
 
 class Reference(nn.Layer):

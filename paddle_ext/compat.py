@@ -189,7 +189,7 @@ def meta_parallel_module():
 def pipeline_run_function(layers: Any, chunk_id: Any = None) -> list:
     """The callables a PipelineLayer runs for `chunk_id` (None: the only chunk). Both
     2.6 and 3.x keep VPP chunks in `_model_chunks[i].get_run_function()`."""
-    if chunk_id is None or layers.get_num_virtual_stages() <= 1:
+    if chunk_id is None or (layers.get_num_virtual_stages() <= 1 and not pipeline_is_v(layers)):
         return list(layers.run_function)
     return list(layers._model_chunks[chunk_id].get_run_function())
 
@@ -203,6 +203,8 @@ def pipeline_recompute_interval(layers: Any) -> int:
 def pipeline_model_chunks(layers: Any) -> list:
     """A PipelineLayer's model chunks on this rank: its virtual-stage chunks with VPP,
     else the layer itself (2.6 and 3.x: get_model_chunks() is None without VPP)."""
+    if pipeline_is_v(layers):  # get_model_chunks() is None there: one "virtual stage"
+        return list(layers._model_chunks)
     chunks = layers.get_model_chunks() if layers.get_num_virtual_stages() > 1 else None
     return list(chunks) if chunks else [layers]
 
@@ -538,3 +540,20 @@ def mkl_loaded() -> bool:
             return "libmklml_intel.so" in f.read()
     except OSError:
         return False
+
+
+# --- V placement (pipeline/schedule/vshape.py: zb-v, dualpipev) --------------------------
+
+def pipeline_is_v(layers: Any) -> bool:
+    """True for a PipelineLayer segmented for the V placement: Paddle 3.3's
+    PipelineLayer(use_dualpipev=True) holds stages r and 2*pp-1-r in _model_chunks[0]
+    and [1] (get_num_virtual_stages() stays 1)."""
+    return bool(getattr(layers, "_use_dualpipev", False))
+
+
+def pipeline_layer_supports_v() -> bool:
+    """Whether this Paddle's PipelineLayer can build the V segmentation
+    (use_dualpipev=, Paddle 3.3+; 2.6 - 3.2 have none)."""
+    import inspect
+
+    return "use_dualpipev" in inspect.signature(pipeline_layer_class().__init__).parameters

@@ -130,6 +130,7 @@ SCHEDULE_MODES: dict[str, str | None] = {
     "VPP": "interleaved",
     "ZBH1": "zb-h1",
     "ZBVPP": "interleaved-zb",
+    "ZBV": "zb-v",  # the V placement: a PipelineLayer built with use_dualpipev=True
 }
 
 # The attribute of a DistributedStrategy that holds the keys its protobuf lacks. An

@@ -51,9 +51,21 @@ def test_non_bool_value_raises():
         strategy_with({"delay_scale_loss": "yes"})
 
 
-def test_dualpipev_is_refused_clearly():
-    with pytest.raises(ValueError, match="use_dualpipev = True is not supported"):
-        PipelineSettings.from_strategy(strategy_with({"use_dualpipev": True}))
+def test_dualpipev_selects_the_v_schedule_and_names_conflicts():
+    from paddle_ext.pipeline.engine import check_schedule_kind
+
+    settings = PipelineSettings.from_strategy(strategy_with({"use_dualpipev": True}))
+    assert (settings.kind, settings.dualpipev) == ("dualpipev", True)
+    assert PipelineSettings.from_strategy(strategy_with({"schedule_mode": "ZBV"})).kind == "zb-v"
+    with pytest.raises(ValueError, match=r"use_dualpipev = True and pp_configs.schedule_mode = 'ZBH1' cannot be "
+                       "combined"):
+        PipelineSettings.from_strategy(strategy_with({"use_dualpipev": True, "schedule_mode": "ZBH1"}))
+    # the V kinds need a V-segmented PipelineLayer, and such a layer a V kind
+    with pytest.raises(ValueError, match="runs on the V placement: build the PipelineLayer with use_dualpipev=True"):
+        check_schedule_kind(settings, vpp=2, placement="interleaved")
+    with pytest.raises(ValueError, match="schedule_mode = 'ZBH1' needs the interleaved placement"):
+        check_schedule_kind(PipelineSettings(4, 1, kind="zb-h1"), vpp=2, placement="v")
+    check_schedule_kind(settings, vpp=2, placement="v")
 
 
 def test_disable_restores_paddle_behaviour():
@@ -75,7 +87,7 @@ def test_schedule_mode_selects_the_zero_bubble_kinds_on_every_release():
 
 def test_bad_schedule_mode_and_cap_are_refused_naming_key_value_and_range():
     with pytest.raises(ValueError, match=r"\['schedule_mode'\] = 'zbh1' is not supported; allowed: "
-                                         r"\['', '1F1B', 'VPP', 'ZBH1', 'ZBVPP'\]"):
+                                         r"\['', '1F1B', 'VPP', 'ZBH1', 'ZBV', 'ZBVPP'\]"):
         strategy_with({"schedule_mode": "zbh1"})
     with pytest.raises(ValueError, match=r"\['zb_max_pending_w'\] = -1 is not allowed: must be an integer >= 0"):
         strategy_with({"schedule_mode": "ZBH1", "zb_max_pending_w": -1})

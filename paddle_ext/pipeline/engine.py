@@ -15,10 +15,18 @@ the transfers onto communication threads (runtime/async_p2p.py).
 pp_configs.schedule_mode (the plugin's key, Paddle's auto-parallel names) picks the
 schedule: "ZBH1" / "ZBVPP" are zero-bubble schedules, whose I and W actions run
 through a WeightGradStore (runtime/split_backward.py).
+
+V placement (schedule/vshape.py): a PipelineLayer built with use_dualpipev=True (Paddle
+3.3; rank r holds stages r and 2*pp-1-r) runs `dualpipev` (pp_configs.use_dualpipev,
+Paddle's DualPipeVParallel; the loss comes back as Paddle's: float32 of shape [1]) or
+`zb-v` (schedule_mode "ZBV"). With a model that defines overlapped_forward_backward,
+dualpipev's F&B pairs run through it, as DualPipeV does; its zero-bubble backwards
+then run whole (B), since schedule nodes do not split.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import warnings
 from dataclasses import dataclass
@@ -42,6 +50,8 @@ from paddle_ext.pipeline.runtime.transport import P2P
 from paddle_ext.pipeline.schedule import OVERLAP_SUFFIX, Schedule, generate, lower
 from paddle_ext.pipeline.schedule.generate import ZB_KINDS, split_cap
 from paddle_ext.pipeline.schedule.ir import I, W
+from paddle_ext.pipeline.schedule.overlap import split_kind
+from paddle_ext.pipeline.schedule.vshape import V_KINDS, V_MIN_MICROBATCHES, without_split
 
 
 @dataclass(frozen=True)
@@ -53,20 +63,23 @@ class PipelineSettings:
     fb_overlap: bool = False    # pp_configs.forward_backward_overlap_scheduler
     overlap_p2p: bool = False   # pp_configs.overlap_p2p_comm
     grad_sync: Optional[GradSyncSettings] = None  # dp/sharding reduction (pipeline/grad_sync.py)
+    dualpipev: bool = False     # pp_configs.use_dualpipev: Paddle's DualPipeVParallel's semantics
 
     @classmethod
     def from_strategy(cls, strategy: Any) -> PipelineSettings:
-        from paddle_ext.config import pp_config
+        from paddle_ext.config import pp_config, schedule_kind
 
-        if pp_config(strategy, "use_dualpipev"):
-            raise ValueError("pp_configs.use_dualpipev = True is not supported by paddle_ext's pipeline engine; "
-                             "switch the pipeline_engine unit off (PADDLE_EXT_PATCHES=pipeline_engine=off) "
-                             "to use Paddle's DualPipeV")
-        from paddle_ext.config import schedule_kind
-
+        kind = schedule_kind(strategy)
+        dualpipev = bool(pp_config(strategy, "use_dualpipev"))
+        if dualpipev:
+            if kind not in (None, "dualpipev"):
+                raise ValueError(f"pp_configs.use_dualpipev = True and pp_configs.schedule_mode = "
+                                 f"{pp_config(strategy, 'schedule_mode')!r} cannot be combined: use_dualpipev "
+                                 "selects the DualPipeV schedule; leave schedule_mode unset")
+            kind = "dualpipev"
         pipeline = strategy.pipeline_configs
         return cls(accumulate_steps=int(pipeline["accumulate_steps"]),
-                   kind=schedule_kind(strategy),
+                   kind=kind, dualpipev=dualpipev,
                    micro_batch_size=int(pipeline["micro_batch_size"]),
                    delay_scale_loss=bool(pp_config(strategy, "delay_scale_loss")),
                    fb_overlap=bool(pp_config(strategy, "forward_backward_overlap_scheduler")),
@@ -74,15 +87,23 @@ class PipelineSettings:
                    grad_sync=GradSyncSettings.from_strategy(strategy))
 
 
-def check_schedule_kind(settings: PipelineSettings, vpp: int) -> None:
+def check_schedule_kind(settings: PipelineSettings, vpp: int, placement: str = "interleaved") -> None:
     """Refuses a schedule kind (pp_configs.schedule_mode) this model or the other keys
     rule out, naming the keys."""
     from paddle_ext.config import SCHEDULE_MODES
 
     if settings.kind is None:
         return
-    base, _ = split_cap(settings.kind)
+    base, _ = split_cap(split_kind(settings.kind)[0])
     mode = next((m for m, k in SCHEDULE_MODES.items() if k == base and m), base)
+    if base in V_KINDS and placement != "v":
+        raise ValueError(f"pp_configs.schedule_mode = {mode!r} (or use_dualpipev) runs on the V placement: build "
+                         "the PipelineLayer with use_dualpipev=True (Paddle 3.3+), which holds stages r and "
+                         "2*pp-1-r on rank r")
+    if placement == "v" and base not in V_KINDS:
+        raise ValueError(f"pp_configs.schedule_mode = {mode!r} needs the interleaved placement, but this "
+                         "PipelineLayer is V-segmented (use_dualpipev=True): set pp_configs.use_dualpipev = True "
+                         "or schedule_mode 'ZBV'")
     if base in ("1f1b", "zb-h1") and vpp > 1:
         other = "VPP" if base == "1f1b" else "ZBVPP"
         raise ValueError(f"pp_configs.schedule_mode = {mode!r} needs one virtual stage; this model has {vpp} "
@@ -116,10 +137,17 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         self.num_stages = hcg.get_pipe_parallel_world_size()
         self.stage_id = hcg.get_stage_id()
         self.pp_group = hcg.get_pipe_parallel_group()
-        self.vpp = layers.get_num_virtual_stages()
+        self.placement = "v" if compat.pipeline_is_v(layers) else "interleaved"
+        self.vpp = 2 if self.placement == "v" else layers.get_num_virtual_stages()
+        if self.placement == "v" and settings.kind is None:
+            settings = dataclasses.replace(settings, kind="dualpipev")
+            self.settings = settings
         self.accumulate_steps = settings.accumulate_steps
         self.micro_batch_size = settings.micro_batch_size
-        if self.accumulate_steps < self.num_stages:
+        if self.placement == "v" and self.accumulate_steps < V_MIN_MICROBATCHES:
+            raise ValueError(f"accumulate_steps = {self.accumulate_steps} is not allowed: must be >= "
+                             f"{V_MIN_MICROBATCHES}")
+        if self.placement != "v" and self.accumulate_steps < self.num_stages:
             raise ValueError(
                 f"accumulate_steps = {self.accumulate_steps} is not allowed: must be >= pp_degree = {self.num_stages}")
         neighbours = neighbour_groups(hcg)
@@ -134,7 +162,7 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         # not in the first train_batch.
         eager.connect_if_enabled([*neighbours.values(), *links], p2p=True)
         self._schedules: dict[int, Schedule] = {}
-        check_schedule_kind(settings, self.vpp)
+        check_schedule_kind(settings, self.vpp, self.placement)
         self._split: Optional[WeightGradStore] = None  # zero-bubble: made with the first such schedule
         self.last_step: Optional[StepStats] = None
         # dp / sharding gradient reduction, overlapped with the backward (pipeline/grad_sync.py)
@@ -142,7 +170,8 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
                                                  settings.delay_scale_loss, settings.grad_sync)
         # Upstream's test: the method on the PipelineLayer's class, and the flag.
         method = getattr(type(layers), "overlapped_forward_backward", None)
-        self.overlap_schedule_mode = settings.fb_overlap and method is not None
+        # DualPipeV pairs through the method whenever the model has it (Paddle's DualPipeVParallel)
+        self.overlap_schedule_mode = (settings.fb_overlap or settings.kind == "dualpipev") and method is not None
         if settings.fb_overlap and method is None:
             warnings.warn(
                 f"pp_configs.forward_backward_overlap_scheduler is on but {type(layers).__name__} "
@@ -173,10 +202,14 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         m = microbatches or self.accumulate_steps
         if m not in self._schedules:
             kind = self.settings.kind or ("1f1b" if self.vpp == 1 else "interleaved")
-            if self.settings.fb_overlap and not kind.endswith(OVERLAP_SUFFIX):
+            overlapped = self.settings.fb_overlap or (kind == "dualpipev" and self.overlap_schedule_mode)
+            if overlapped and not kind.endswith(OVERLAP_SUFFIX):
                 kind += OVERLAP_SUFFIX
-            self._schedules[m] = lower(generate(self.num_stages, self.vpp, m, kind),
-                                       async_p2p=self.settings.overlap_p2p, grad_sync=self._grad_sync is not None)
+            compute = generate(self.num_stages, self.vpp, m, kind)
+            if self.overlap_schedule_mode and compute.placement == "v":
+                compute = without_split(compute)  # schedule nodes run whole backwards
+            self._schedules[m] = lower(compute, async_p2p=self.settings.overlap_p2p,
+                                       grad_sync=self._grad_sync is not None)
         return self._schedules[m]
 
     # training ----------------------------------------------------------------------
@@ -232,7 +265,8 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
 
         forward = (lambda x, chunk: self._layers(x, chunk_id=chunk)) if self.vpp > 1 else (lambda x, chunk: self._layers(x))
         program = StageProgram(rank=self.stage_id, pp=self.num_stages, vpp=self.vpp, forward=forward,
-                               loss=stage_loss, first_input=batches.inputs, backward_loss=backward_loss)
+                               loss=stage_loss, first_input=batches.inputs, backward_loss=backward_loss,
+                               placement=self.placement)
         if self._grad_sync is not None:
             program.on_grad_sync = self._grad_sync.on_grad_sync
         if self.overlap_schedule_mode:
@@ -281,7 +315,7 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         program.scaler = scaler
 
     def _broadcast_loss(self, losses: list, per_microbatch: bool) -> paddle.Tensor:
-        last = self.num_stages - 1
+        last = 0 if self.placement == "v" else self.num_stages - 1  # the stage with the loss
         src = self._hcg.get_rank_from_stage(last)
         m = self.accumulate_steps
         if self.stage_id == last:
@@ -296,6 +330,8 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         else:
             loss = paddle.zeros([m] if per_microbatch else [], dtype="float32")
         group = self.pp_group
+        if self.settings.dualpipev and not per_microbatch:  # DualPipeVParallel: float32 of shape [1]
+            loss = loss.astype("float32").reshape([1])
         trace.call(group.process_group, "broadcast", loss, group.get_group_rank(src), True, tensors=(loss,),
                    what="loss broadcast").wait()
         return loss
@@ -338,6 +374,8 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         loss_fn = compat.pipeline_loss_fns(self._layers)[loss_fn_idx] if compute_loss else None
         pp, rank = self.num_stages, self.stage_id
         outputs, losses = [], []
+        if self.placement == "v":
+            return self._eval_v(batches, loss_fn, compute_loss, return_host_tensor)
         for mb in range(m):
             for chunk in range(self.vpp):
                 first, last = chunk == 0 and rank == 0, chunk == self.vpp - 1 and rank == pp - 1
@@ -347,11 +385,44 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
                 if not last:
                     self._p2p.send_activation(("eval", chunk if rank < pp - 1 else chunk + 1), y, (rank + 1) % pp,
                                               f"eval SA{chunk}.{mb}")
-                elif compute_loss:  # scaled as train_batch scales it, summed by _broadcast_loss
-                    loss = loss_fn(y, batches.labels(mb))
-                    losses.append(loss / m if m > 1 and not self.settings.delay_scale_loss else loss)
                 else:
-                    outputs.append(y.cpu() if return_host_tensor else y)
+                    self._eval_output(y, mb, batches, loss_fn, losses if compute_loss else None, outputs,
+                                      return_host_tensor)
         if compute_loss:
             return self._broadcast_loss(losses, per_microbatch=False)
         return outputs if rank == pp - 1 else None
+
+    def _eval_output(self, y: Any, mb: int, batches: MicroBatches, loss_fn: Any, losses: Optional[list],
+                     outputs: list, host: bool = False) -> None:
+        """The loss stage's eval result: the loss scaled as train_batch scales it (summed
+        by _broadcast_loss), or the output itself (on the host with `host`) when `losses`
+        is None."""
+        if losses is None:
+            outputs.append(y.cpu() if host else y)
+            return
+        m = self.accumulate_steps
+        loss = loss_fn(y, batches.labels(mb))
+        losses.append(loss / m if m > 1 and not self.settings.delay_scale_loss else loss)
+
+    def _eval_v(self, batches: MicroBatches, loss_fn: Any, compute_loss: bool,
+                return_host_tensor: bool = False) -> Any:
+        """eval_batch on the V placement: chunk 0 down the ranks, chunk 1 back up, the
+        last rank handing chunk 0's output to chunk 1 in place; rank 0 has the loss."""
+        pp, rank, m = self.num_stages, self.stage_id, self.accumulate_steps
+        outputs, losses = [], []
+        for mb in range(m):
+            x = batches.inputs(mb) if rank == 0 else self._p2p.recv_activation(("eval", 0), rank - 1,
+                                                                               f"eval RA0.{mb}")
+            y = self._layers(x, chunk_id=0)
+            if rank < pp - 1:
+                self._p2p.send_activation(("eval", 0), y, rank + 1, f"eval SA0.{mb}")
+                y = self._p2p.recv_activation(("eval", 1), rank + 1, f"eval RA1.{mb}")
+            y = self._layers(y, chunk_id=1)
+            if rank > 0:
+                self._p2p.send_activation(("eval", 1), y, rank - 1, f"eval SA1.{mb}")
+            else:
+                self._eval_output(y, mb, batches, loss_fn, losses if compute_loss else None, outputs,
+                                      return_host_tensor)
+        if compute_loss:
+            return self._broadcast_loss(losses, per_microbatch=False)
+        return outputs if rank == 0 else None

@@ -14,7 +14,7 @@ from statistics import median
 from typing import Any, Sequence
 
 from paddle_ext.pipeline.schedule import Costs, Schedule
-from paddle_ext.pipeline.schedule.ir import B, Comm, F, I, W, computes, stage_of
+from paddle_ext.pipeline.schedule.ir import B, Comm, F, I, W, computes
 from paddle_ext.pipeline.schedule.simulate import SimResult, Span, peak_in_flight
 
 RankSpans = Sequence[tuple[int, Any, float, float]]  # (position, action, start, end)
@@ -47,7 +47,7 @@ def measured_costs(schedule: Schedule, spans_per_rank: Sequence[RankSpans]) -> C
     for rank, spans in enumerate(spans_per_rank):
         for _, action, start, end in spans:
             if type(action) in times:
-                times[type(action)][stage_of(schedule.pp, rank, action.chunk)].append(end - start)
+                times[type(action)][schedule.stage(rank, action.chunk)].append(end - start)
             elif isinstance(action, Comm):
                 comm.append(end - start)
     tiny = 1e-9  # Costs wants compute costs > 0; a timer can read 0 for a trivial stage

@@ -21,6 +21,11 @@ and W (the weight gradients, later): with `split` (a WeightGradStore,
 split_backward.py) the forwards of the (chunk, mb)s that have an I run under its capture,
 and I / W run through it; B stays a plain backward.
 
+V placement (zb-v, dualpipev; `StageProgram.placement == "v"`): rank r runs stages r
+(chunk 0) and 2*pp-1-r (chunk 1), so rank 0 also runs the last stage (the loss), and
+on the last rank chunk 0's output is chunk 1's input with no transfer (a local
+hand-over: F1.m takes F0.m's output detached, B0.m takes B1.m's input gradients).
+
 Two ways to communicate: in list order on this thread (blocking send/recv), or
 with `async_links` on communication threads (async_p2p.py), one per directed
 link, that run the transfers in the list's order while this thread computes.
@@ -77,12 +82,20 @@ class StageProgram:
     scaler: Any = None
     # Zero-bubble schedules: the rank's WeightGradStore (runtime/split_backward.py).
     split: Any = None
+    # The schedule's placement of stages on ranks (schedule/ir.py): interleaved or v.
+    placement: str = "interleaved"
 
     def is_first(self, chunk: int) -> bool:
         return chunk == 0 and self.rank == 0
 
     def is_last(self, chunk: int) -> bool:
+        if self.placement == "v":
+            return chunk == 1 and self.rank == 0
         return chunk == self.vpp - 1 and self.rank == self.pp - 1
+
+    def hands_over(self, chunk: int) -> bool:
+        """V placement, last rank: chunk 1's input is chunk 0's output on this rank."""
+        return self.placement == "v" and self.rank == self.pp - 1 and chunk == 1
 
     @property
     def uses_nodes(self) -> bool:
@@ -111,6 +124,20 @@ def _release(payload: Any) -> None:
     for t in as_tuple(payload):
         if isinstance(t, paddle.Tensor) and t._is_initialized():
             t._clear_dataptr()
+
+
+def _detached(payload: Any) -> Any:
+    """A local hand-over's input: the producing chunk's outputs cut from its graph (as
+    a receive would give them), keeping which of them need a gradient."""
+    def cut(t: Any) -> Any:
+        if not isinstance(t, paddle.Tensor):
+            return t
+        out = t.detach()
+        out.stop_gradient = t.stop_gradient
+        return out
+    if isinstance(payload, (tuple, list)):
+        return type(payload)(cut(t) for t in payload)
+    return cut(payload)
 
 
 def _input_grads(inputs: Any, grads: Any) -> list[paddle.Tensor]:
@@ -270,6 +297,8 @@ class Interpreter:
         prog, slot = self.program, self._slot(chunk, mb)
         if prog.is_first(chunk):
             slot.inputs = prog.first_input(mb)
+        elif prog.hands_over(chunk):
+            slot.inputs = _detached(self.slots[(0, mb)].outputs)
         elif self.comm is not None:
             slot.inputs = self.comm.activation(chunk, mb)
         elif slot.inputs is None:
@@ -278,7 +307,11 @@ class Interpreter:
 
     def _output_grads(self, chunk: int, mb: int) -> list:
         slot = self.slots[(chunk, mb)]
-        if self.comm is not None:
+        if self.program.hands_over(chunk + 1):
+            if slot.output_grads is None:
+                raise RuntimeError(f"B{chunk}.{mb} has no output gradient: chunk 1's backward of "
+                                   f"micro-batch {mb} did not run before it (local hand-over)")
+        elif self.comm is not None:
             slot.output_grads = self.comm.grads(chunk, mb)
         elif slot.output_grads is None:
             raise RuntimeError(f"B{chunk}.{mb} has no output gradient: its receive did not run before it")
@@ -302,6 +335,10 @@ class Interpreter:
         slot.input_grads = input_grads
         slot.inputs = slot.outputs = slot.loss = slot.output_grads = None
         slot.chunk = slot.loss_node = None
+        if self.program.hands_over(chunk):  # to chunk 0 on this rank, no transfer
+            self.slots.pop((chunk, mb))
+            self.slots[(0, mb)].output_grads = input_grads
+            return
         if self.comm is not None:
             self.slots.pop((chunk, mb))
             self.comm.publish_grads(chunk, mb, input_grads)
@@ -446,7 +483,7 @@ class Interpreter:
                 comm.grads(b.chunk, b.mb)
 
         def backward_send(input_tensor_grad: Any) -> None:
-            if not prog.is_first(b.chunk):
+            if not prog.is_first(b.chunk) and not prog.hands_over(b.chunk):
                 grads = _input_grads(self.slots[(b.chunk, b.mb)].inputs, input_tensor_grad)
                 comm.publish_grads(b.chunk, b.mb, grads)
 

@@ -10,8 +10,9 @@
                                                      # "interleaved-overlap")
     simulate(o, Costs(overlap_ratio=0.7))            # an F&B at 0.7 * (F + B)
 
-Modules: ir (actions, text form, Schedule), generate (fthenb / 1f1b / interleaved / the
-zero-bubble zb-h1 and interleaved-zb),
+Modules: ir (actions, text form, Schedule, placement: interleaved or V), generate (fthenb /
+1f1b / interleaved / the zero-bubble zb-h1 and interleaved-zb), vshape (the V placement's
+zb-v and dualpipev),
 overlap (forward/backward overlap pairs), lower (communication), flow (data dependencies, channel matching), validate, simulate
 (cost model), analytic (closed forms), render (grids, timelines, PNG), cli.
 """
@@ -36,6 +37,7 @@ from paddle_ext.pipeline.schedule.generate import (
 from paddle_ext.pipeline.schedule.ir import (
     FB,
     INPUT_GRAD_KINDS,
+    PLACEMENTS,
     WEIGHT_GRAD_KINDS,
     Action,
     B,
@@ -66,6 +68,7 @@ from paddle_ext.pipeline.schedule.overlap import (
 from paddle_ext.pipeline.schedule.render import plot_timeline, step_grid, text_timeline
 from paddle_ext.pipeline.schedule.simulate import Costs, SimResult, Span, simulate
 from paddle_ext.pipeline.schedule.validate import validate
+from paddle_ext.pipeline.schedule.vshape import V_KINDS, dualpipev, zb_v
 
 __all__ = [
     "INPUT_GRAD_KINDS", "KINDS", "OVERLAP_SUFFIX", "WEIGHT_GRAD_KINDS", "Action", "B", "I", "W", "Comm", "Costs", "F", "FB", "GradSync", "RecvAct", "RecvGrad",
@@ -75,4 +78,5 @@ __all__ = [
     "overlap", "overlap_pairs", "parse_action", "split_kind",
     "peak_in_flight_bound", "plot_timeline", "simulate", "stage_of", "step_grid",
     "text_timeline", "validate", "ZB_KINDS", "split_cap", "w_lag", "zero_bubble",
+    "PLACEMENTS", "V_KINDS", "dualpipev", "zb_v",
 ]

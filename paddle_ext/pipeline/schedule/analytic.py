@@ -37,11 +37,12 @@ from paddle_ext.pipeline.schedule.generate import (
     split_cap,
     w_lag,
 )
-from paddle_ext.pipeline.schedule.overlap import split_kind
+from paddle_ext.pipeline.schedule.overlap import OVERLAP_SUFFIX, split_kind
 from paddle_ext.pipeline.schedule.simulate import Costs, Number
+from paddle_ext.pipeline.schedule.vshape import V_KINDS
 
 __all__ = ["formula_applies", "makespan", "bubble", "zb_idle", "peak_in_flight_bound",
-           "peak_pending_w_bound", "peak_held_bound"]
+           "peak_pending_w_bound", "peak_held_bound", "v_peak_in_flight_bound", "v_idle"]
 
 
 def formula_applies(costs: Optional[Costs]) -> bool:
@@ -115,6 +116,9 @@ def peak_in_flight_bound(pp: int, vpp: int, microbatches: int, kind: str, rank: 
     total = vpp * microbatches
     if k == "fthenb":
         return total
+    if k in V_KINDS:
+        return v_peak_in_flight_bound(pp, microbatches, k + (OVERLAP_SUFFIX if overlapped else ""),
+                                      rank)
     warmup = interleaved_warmup(pp, vpp, microbatches, rank)  # zero bubble: the same
     if overlapped:
         warmup = min(max(warmup + 1, 2 * (pp - rank - 1) + 1), total)
@@ -125,7 +129,10 @@ def peak_pending_w_bound(pp: int, vpp: int, microbatches: int, kind: str, rank: 
     """Most I's done whose W has not, on `rank`: lag + 1 (the W trails its I by
     `generate.w_lag` steps, and an I comes before the W it lets go); 0 for kinds
     without W."""
-    zero, cap = _zero_bubble(check_args(pp, vpp, microbatches, kind))
+    k = check_args(pp, vpp, microbatches, kind)
+    if split_kind(k)[0] in V_KINDS:  # full pipe: zb-v 2r + 1, dualpipev r + 1
+        return min(2 * rank + 1 if k == "zb-v" else rank + 1, 2 * microbatches)
+    zero, cap = _zero_bubble(k)
     if not zero:
         return 0
     return min(w_lag(rank, cap) + 1, vpp * microbatches)
@@ -137,6 +144,36 @@ def peak_held_bound(pp: int, vpp: int, microbatches: int, kind: str, rank: int) 
     1F1B's rank-0 peak."""
     inflight = peak_in_flight_bound(pp, vpp, microbatches, kind, rank)
     zero, cap = _zero_bubble(check_args(pp, vpp, microbatches, kind))
-    if not zero:
+    if not zero:  # and the V kinds: their in-flight bound covers the pending W's too
         return inflight
     return min(inflight + w_lag(rank, cap), vpp * microbatches)
+
+
+def v_peak_in_flight_bound(pp: int, microbatches: int, kind: str, rank: int) -> int:
+    """Most chunk-activations (half a stage each) `rank` holds in a V kind, with a
+    full pipe: zb-v 2*pp (1F1B's pp whole-stage activations of rank 0, on every rank),
+    dualpipev 2*pp + 1 (DualPipe's PP + 1 with PP = 2*pp stages). Fewer micro-batches
+    hold at most 2*M."""
+    full = 2 * pp if kind == "zb-v" else 2 * pp + 1
+    return min(full, 2 * microbatches)
+
+
+def v_idle(pp: int, kind: str, costs: Optional[Costs] = None) -> Optional[Number]:
+    """Idle time of the busiest-waiting rank in a V kind with a full pipe
+    (microbatches >= 2*pp), dataflow run, unit costs F = I = W (Costs(1, 2)) or, for
+    dualpipev-overlap, those with any F&B cost: zb-v (pp-1)*F, the lower bound (the last
+    rank cannot start before pp-1 forwards); dualpipev (pp-1)*F; dualpipev-overlap
+    DualPipe's (PP/2 - 1)(F&B + B - 3W) with PP/2 = pp. None off those costs."""
+    costs = costs or Costs()
+    i_w = (costs.input_grad, costs.weight_grad)
+    unit = (costs.forward == 1 and costs.backward == 2 and i_w in ((None, None), (1, 1))
+            and not costs.per_stage and not costs.per_action and costs.comm == 0)
+    if not unit:
+        return None
+    if kind == "dualpipev-overlap":
+        fb = costs.overlap if costs.overlap is not None else (
+            3 if costs.overlap_ratio is None else costs.overlap_ratio * 3)
+        return (pp - 1) * (fb + 2 - 3)
+    if costs.overlap is not None or costs.overlap_ratio not in (None, 1):
+        return None
+    return (pp - 1) * costs.forward

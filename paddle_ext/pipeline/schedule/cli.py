@@ -36,6 +36,7 @@ from paddle_ext.pipeline.schedule.overlap import (
 from paddle_ext.pipeline.schedule.render import plot_timeline, text_timeline
 from paddle_ext.pipeline.schedule.simulate import Costs, SimResult, simulate
 from paddle_ext.pipeline.schedule.validate import validate
+from paddle_ext.pipeline.schedule.vshape import V_KINDS
 
 __all__ = ["main", "configure_parser", "run"]
 
@@ -47,10 +48,12 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
     parser.description = ("Generate a pipeline schedule, add its communication, validate it "
                           "(no deadlock under blocking send/recv) and simulate it.")
     parser.add_argument("--pp", type=int, default=None, help="pipeline degree (ranks), >= 2")
-    parser.add_argument("--vpp", type=int, default=1,
-                        help="virtual stages (model chunks) per rank, >= 1 (default 1)")
+    parser.add_argument("--vpp", type=int, default=None,
+                        help="virtual stages (model chunks) per rank, >= 1 (default 1; 2 for "
+                        "the V kinds zb-v and dualpipev)")
     parser.add_argument("--microbatches", "--accumulate-steps", dest="microbatches", type=int,
-                        default=None, help="micro-batches per step, >= pp")
+                        default=None, help="micro-batches per step, >= pp (>= 1 for the V "
+                        "kinds)")
     parser.add_argument("--kind", default=None, help=f"one of {', '.join(KINDS)} "
                         "(default: 1f1b for --vpp 1, interleaved otherwise); zb-h1 and "
                         "interleaved-zb split each backward into I (input grad) and W (weight "
@@ -170,8 +173,10 @@ def _schedule(args: argparse.Namespace) -> Schedule:
     for flag, value in (("--pp", args.pp), ("--microbatches", args.microbatches)):
         if value is None:
             raise ValueError(f"{flag} is required (or --load FILE)")
-    kind = args.kind or ("1f1b" if args.vpp == 1 else "interleaved")
-    kind = check_args(args.pp, args.vpp, args.microbatches, kind, _FLAG_NAMES,
+    v_kind = bool(args.kind) and split_kind(str(args.kind).lower())[0].replace("_", "-") in V_KINDS
+    vpp = args.vpp if args.vpp is not None else (2 if v_kind else 1)
+    kind = args.kind or ("1f1b" if vpp == 1 else "interleaved")
+    kind = check_args(args.pp, vpp, args.microbatches, kind, _FLAG_NAMES,
                       max_pending_w=args.max_pending_w)
     if args.overlap and not split_kind(kind)[1]:
         if kind == "fthenb":
@@ -181,7 +186,7 @@ def _schedule(args: argparse.Namespace) -> Schedule:
             raise ValueError(f"--overlap pairs an F with a whole B; --kind {kind} splits each "
                              "B into I and W, so the two do not combine")
         kind += OVERLAP_SUFFIX
-    return generate(args.pp, args.vpp, args.microbatches, kind)
+    return generate(args.pp, vpp, args.microbatches, kind)
 
 
 def _fmt(x: object) -> str:
@@ -229,7 +234,14 @@ def _summary(result: SimResult, costs: Costs) -> str:
     if known and split_cap(s.kind)[0] in ZB_KINDS:
         return "\n".join(lines + _zero_bubble_lines(s, costs, result))
     formula = analytic.bubble(s.pp, s.vpp, s.microbatches, costs)
-    if formula is not None and known and is_overlapped(s):
+    if known and split_kind(s.kind)[0] in V_KINDS:
+        idle = analytic.v_idle(s.pp, s.kind, costs) if s.microbatches >= 2 * s.pp else None
+        lines.append("  analytic idle of the most idle rank "
+                     + (f"= {_fmt(idle)} in the dataflow ideal (unbounded buffers; "
+                        "docs/pipeline_schedules.md, V placement)" if idle is not None
+                        else "(V placement): closed form only for microbatches >= 2*pp and unit "
+                        "costs F = I = W"))
+    elif formula is not None and known and is_overlapped(s):
         lines.append(f"  analytic bubble of the plain schedule (pp-1)/(vpp*M+pp-1) = {formula} = "
                      f"{float(formula):.1%}, makespan "
                      f"{_fmt(analytic.makespan(s.pp, s.vpp, s.microbatches, costs))}")

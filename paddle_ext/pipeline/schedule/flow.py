@@ -8,6 +8,11 @@ moves exactly one.
 Transports match point-to-point messages in order on each directed rank pair (gloo and
 NCCL do not look at what a tensor *is*), so the k-th send from rank a to rank b meets
 the k-th receive on b from a; `match_channels` pairs them that way.
+
+Stages follow the schedule's placement (ir.py). A boundary whose two stages sit on one
+rank (the V placement's last rank: stages pp-1 and pp) is a *local hand-over*: the
+tensor stays on the rank, no action moves it, and `consumes` / `produces` leave it out
+(the rank's own list order carries the dependency; validate checks it).
 """
 
 from __future__ import annotations
@@ -28,55 +33,64 @@ from paddle_ext.pipeline.schedule.render import schedule_error
 
 Payload = Tuple[bool, int, int, int]
 
-__all__ = ["Payload", "payload", "expected_peer", "consumes", "produces", "match_channels"]
+__all__ = ["Payload", "payload", "expected_peer", "is_local", "consumes", "produces",
+           "match_channels"]
 
 
-def payload(pp: int, rank: int, comm: Comm) -> Payload:
+def payload(pp: int, rank: int, comm: Comm, placement: str = "interleaved") -> Payload:
     """The tensor a communication action moves, seen from `rank`."""
-    s = stage_of(pp, rank, comm.chunk)
+    s = stage_of(pp, rank, comm.chunk, placement)
     if comm.is_grad:
         return (True, s, s - 1, comm.mb) if comm.is_send else (True, s + 1, s, comm.mb)
     return (False, s, s + 1, comm.mb) if comm.is_send else (False, s - 1, s, comm.mb)
 
 
-def expected_peer(pp: int, rank: int, comm: Comm, num_stages: int) -> int | None:
+def expected_peer(pp: int, rank: int, comm: Comm, num_stages: int,
+                  placement: str = "interleaved") -> int | None:
     """The rank `comm` must talk to, or None when its stage has no such neighbour."""
-    _, src, dst, _ = payload(pp, rank, comm)
+    _, src, dst, _ = payload(pp, rank, comm, placement)
     other = dst if comm.is_send else src
     if not 0 <= other < num_stages:
         return None
-    return locate(pp, other)[0]
+    return locate(pp, other, placement)[0]
 
 
-def consumes(pp: int, num_stages: int, rank: int, action: Action) -> List[Payload]:
+def is_local(pp: int, rank: int, stage: int, placement: str = "interleaved") -> bool:
+    """True when neighbouring `stage` also lives on `rank` (a local hand-over)."""
+    return placement == "v" and locate(pp, stage, placement)[0] == rank
+
+
+def consumes(pp: int, num_stages: int, rank: int, action: Action,
+             placement: str = "interleaved") -> List[Payload]:
     """Payloads from other stages that `action` reads (not counting its own F for a B or
     an I; a W reads only what its own I left)."""
     out: List[Payload] = []
     parts = (action.f, action.b) if isinstance(action, FB) else (action,)
     for a in parts:
         if isinstance(a, F):
-            s = stage_of(pp, rank, a.chunk)
-            if s > 0:
+            s = stage_of(pp, rank, a.chunk, placement)
+            if s > 0 and not is_local(pp, rank, s - 1, placement):
                 out.append((False, s - 1, s, a.mb))
         elif isinstance(a, INPUT_GRAD_KINDS):  # B or I; a W moves nothing
-            s = stage_of(pp, rank, a.chunk)
-            if s < num_stages - 1:
+            s = stage_of(pp, rank, a.chunk, placement)
+            if s < num_stages - 1 and not is_local(pp, rank, s + 1, placement):
                 out.append((True, s + 1, s, a.mb))
     return out
 
 
-def produces(pp: int, num_stages: int, rank: int, action: Action) -> List[Payload]:
+def produces(pp: int, num_stages: int, rank: int, action: Action,
+             placement: str = "interleaved") -> List[Payload]:
     """Payloads `action` makes for other stages."""
     out: List[Payload] = []
     parts = (action.f, action.b) if isinstance(action, FB) else (action,)
     for a in parts:
         if isinstance(a, F):
-            s = stage_of(pp, rank, a.chunk)
-            if s < num_stages - 1:
+            s = stage_of(pp, rank, a.chunk, placement)
+            if s < num_stages - 1 and not is_local(pp, rank, s + 1, placement):
                 out.append((False, s, s + 1, a.mb))
         elif isinstance(a, INPUT_GRAD_KINDS):  # B or I; a W moves nothing
-            s = stage_of(pp, rank, a.chunk)
-            if s > 0:
+            s = stage_of(pp, rank, a.chunk, placement)
+            if s > 0 and not is_local(pp, rank, s - 1, placement):
                 out.append((True, s, s - 1, a.mb))
     return out
 
@@ -104,7 +118,7 @@ def match_channels(schedule: Schedule) -> Dict[Tuple[int, int], Tuple[int, int]]
         s_list, r_list = sends.get(key, []), recvs.get(key, [])
         for k, (i, j) in enumerate(zip(s_list, r_list)):
             sa, ra = schedule.ranks[src][i], schedule.ranks[dst][j]
-            if payload(pp, src, sa) != payload(pp, dst, ra):
+            if payload(pp, src, sa, schedule.placement) != payload(pp, dst, ra, schedule.placement):
                 raise schedule_error(
                     schedule, f"send #{k} from rank {src} to rank {dst} is {sa} but rank {dst}'s receive "
                     f"#{k} from rank {src} is {ra}: transports match messages in order, so "

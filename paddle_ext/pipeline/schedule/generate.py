@@ -22,6 +22,9 @@ communication afterwards. Kinds:
   W trails by min(r, k - 1). Zero-bubble kinds have no ``-overlap`` form (an F&B pairs
   an F with a whole B). Why no ZB-H2: docs/pipeline_schedules.md.
 
+- ``zb-v`` and ``dualpipev`` (``dualpipev-overlap`` with F&B pairs): the V placement's
+  schedules (vshape.py), vpp must be 2, any microbatches >= 1.
+
 Unbalanced micro-batch counts (microbatches % pp != 0) follow upstream #58383: the
 micro-batches are cut into groups that walk through the chunks together, the first
 group holding ``pp + microbatches % pp`` of them and every later one ``pp``. A group of
@@ -37,6 +40,7 @@ from typing import List, Mapping, Optional, Tuple
 
 from paddle_ext.pipeline.schedule.ir import Action, B, F, I, Schedule, W
 from paddle_ext.pipeline.schedule.overlap import OVERLAP_SUFFIX, overlap, split_kind
+from paddle_ext.pipeline.schedule.vshape import V_KINDS, V_MIN_MICROBATCHES, dualpipev, zb_v
 
 __all__ = [
     "KINDS",
@@ -52,10 +56,13 @@ __all__ = [
     "zero_bubble",
     "w_lag",
     "split_cap",
+    "V_KINDS",
+    "zb_v",
+    "dualpipev",
 ]
 
 ZB_KINDS = ("zb-h1", "interleaved-zb")
-KINDS = ("fthenb", "1f1b", "interleaved") + ZB_KINDS
+KINDS = ("fthenb", "1f1b", "interleaved") + ZB_KINDS + V_KINDS
 CAP_SUFFIX = "-w"  # zb-h1-w2: at most 2 pending W's per rank
 _CAP = re.compile(r"(?P<base>.*)-w(?P<cap>\d+)")
 
@@ -95,14 +102,16 @@ def check_args(pp: int, vpp: int, microbatches: int, kind: str,
     k = base.replace("-", "").replace("_", "")
     k = {"fthenb": "fthenb", "1f1b": "1f1b", "interleaved": "interleaved", "vpp": "interleaved",
          "interleave": "interleaved", "zbh1": "zb-h1", "interleavedzb": "interleaved-zb",
-         "zbinterleaved": "interleaved-zb", "zbvpp": "interleaved-zb"}.get(k, k)
+         "zbinterleaved": "interleaved-zb", "zbvpp": "interleaved-zb", "zbv": "zb-v",
+         "dualpipe": "dualpipev"}.get(k, k)
     if k not in KINDS or (overlapped and k == "fthenb") or (cap is not None and k not in ZB_KINDS):
         raise ScheduleArgumentError(n["kind"], kind, allowed)
-    if overlapped and k in ZB_KINDS:
+    if overlapped and k in ZB_KINDS + ("zb-v",):
         raise ScheduleArgumentError(
             n["kind"], kind, f"zero-bubble kinds have no {OVERLAP_SUFFIX} form: the forward/"
             "backward overlap pairs an F with a whole B, which zero bubble splits into I and "
-            f"W (use {k}, or 1f1b{OVERLAP_SUFFIX} / interleaved{OVERLAP_SUFFIX})")
+            f"W (use {k}, or 1f1b{OVERLAP_SUFFIX} / interleaved{OVERLAP_SUFFIX} / "
+            f"dualpipev{OVERLAP_SUFFIX})")
     if max_pending_w is not None:
         if k not in ZB_KINDS:
             raise ScheduleArgumentError(n["max_pending_w"], max_pending_w,
@@ -118,7 +127,15 @@ def check_args(pp: int, vpp: int, microbatches: int, kind: str,
     for key, value, low in (("pp", pp, 2), ("vpp", vpp, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ScheduleArgumentError(n[key], value, f"must be an integer >= {low}")
-    if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < pp:
+    if k in V_KINDS:
+        if vpp != 2:
+            raise ScheduleArgumentError(n["vpp"], vpp, f"{n['kind']} {k} needs 2 (the V "
+                                        "placement holds two chunks per rank)")
+        if (not isinstance(microbatches, int) or isinstance(microbatches, bool)
+                or microbatches < V_MIN_MICROBATCHES):
+            raise ScheduleArgumentError(n["microbatches"], microbatches,
+                                        f"must be an integer >= {V_MIN_MICROBATCHES}")
+    elif not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < pp:
         raise ScheduleArgumentError(n["microbatches"], microbatches,
                                     f"must be an integer >= {n['pp']} (= {pp})")
     if k in ("1f1b", "zb-h1") and vpp != 1:
@@ -139,6 +156,10 @@ def generate(pp: int, vpp: int, microbatches: int, kind: str = "interleaved",
     only) is the same as the kind suffix -w<k>."""
     k, overlapped = split_kind(check_args(pp, vpp, microbatches, kind,
                                           max_pending_w=max_pending_w))
+    if k == "dualpipev":
+        return dualpipev(pp, microbatches, overlapped)
+    if k == "zb-v":
+        return zb_v(pp, microbatches)
     if overlapped:
         return overlap(generate(pp, vpp, microbatches, k))
     base, cap = split_cap(k)

@@ -1,11 +1,17 @@
 """Schedule IR: the actions of a pipeline schedule, their text form, and `Schedule`.
 
-Layout. With `pp` ranks and `vpp` virtual stages per rank, the model is cut into
-`pp * vpp` global stages; rank r holds stages r, r + pp, r + 2*pp, ... (Paddle's
-interleaved layout). An action names a *chunk*, the index of the stage among the
-rank's own stages (Paddle's virtual_pp_rank): chunk c on rank r is global stage
-`c * pp + r`. Local chunks are what a runtime indexes its model chunks by, and the
-rank is implied by the list an action sits in.
+Placement. With `pp` ranks and `vpp` virtual stages per rank, the model is cut into
+`pp * vpp` global stages. An action names a *chunk*, the index of the stage among the
+rank's own stages (Paddle's virtual_pp_rank); local chunks are what a runtime indexes
+its model chunks by, and the rank is implied by the list an action sits in. Which
+global stage a chunk is depends on the schedule's placement:
+
+- ``interleaved`` (the default; Paddle's VPP layout): rank r holds stages r, r + pp,
+  r + 2*pp, ...; chunk c on rank r is global stage ``c * pp + r``.
+- ``v`` (vpp = 2; ZB-V, DualPipeV): rank r holds stages r (chunk 0) and 2*pp - 1 - r
+  (chunk 1), so the model goes down the ranks and back up. Rank 0 holds the first and
+  the last stage; the last rank's two chunks are adjacent stages pp - 1 and pp, whose
+  activation and gradient are handed over locally (no send, no receive).
 
 Text grammar (one token per action, no spaces inside):
 
@@ -65,6 +71,8 @@ __all__ = [
     "parse_action",
     "stage_of",
     "locate",
+    "PLACEMENTS",
+    "check_placement",
 ]
 
 
@@ -85,13 +93,30 @@ class ScheduleError(ValueError):
         super().__init__(f"{reason}\n{grid}" if grid else reason)
 
 
-def stage_of(pp: int, rank: int, chunk: int) -> int:
-    """Global stage of `chunk` on `rank` (interleaved layout)."""
+PLACEMENTS = ("interleaved", "v")
+
+
+def check_placement(placement: str, vpp: int) -> None:
+    """Raises ScheduleError unless `placement` is known and fits `vpp`."""
+    if placement not in PLACEMENTS:
+        raise ScheduleError(f"placement = {placement!r} is not allowed: must be one of "
+                            f"{', '.join(PLACEMENTS)}")
+    if placement == "v" and vpp != 2:
+        raise ScheduleError(f"vpp = {vpp} is not allowed with placement v: the V holds exactly "
+                            "2 chunks per rank")
+
+
+def stage_of(pp: int, rank: int, chunk: int, placement: str = "interleaved") -> int:
+    """Global stage of `chunk` on `rank` (see Placement in the module docstring)."""
+    if placement == "v":
+        return rank if chunk == 0 else 2 * pp - 1 - rank if chunk == 1 else -1
     return chunk * pp + rank
 
 
-def locate(pp: int, stage: int) -> Tuple[int, int]:
+def locate(pp: int, stage: int, placement: str = "interleaved") -> Tuple[int, int]:
     """(rank, chunk) that holds global `stage`."""
+    if placement == "v":
+        return (stage, 0) if stage < pp else (2 * pp - 1 - stage, 1)
     return stage % pp, stage // pp
 
 
@@ -276,6 +301,7 @@ class Schedule:
     microbatches: int
     ranks: Tuple[Tuple[Action, ...], ...]
     kind: str = "custom"
+    placement: str = "interleaved"
 
     def __post_init__(self) -> None:
         # Accept lists from callers but store tuples, so schedules hash and compare.
@@ -284,6 +310,7 @@ class Schedule:
             raise ScheduleError(f"schedule has {len(self.ranks)} rank lists for pp={self.pp}")
         if not self.kind or any(ch.isspace() for ch in self.kind):
             raise ScheduleError(f"schedule kind {self.kind!r} must be one word")
+        check_placement(self.placement, self.vpp)
 
     @property
     def num_stages(self) -> int:
@@ -295,7 +322,11 @@ class Schedule:
         return any(isinstance(a, (Comm, GradSync)) for r in self.ranks for a in r)
 
     def stage(self, rank: int, chunk: int) -> int:
-        return stage_of(self.pp, rank, chunk)
+        return stage_of(self.pp, rank, chunk, self.placement)
+
+    def locate(self, stage: int) -> Tuple[int, int]:
+        """(rank, chunk) holding global `stage` under this schedule's placement."""
+        return locate(self.pp, stage, self.placement)
 
     def compute_only(self) -> Schedule:
         """The same schedule with communication and GS actions removed."""
@@ -303,14 +334,15 @@ class Schedule:
 
     def with_ranks(self, ranks: Iterable[Sequence[Action]], kind: str | None = None) -> Schedule:
         return Schedule(self.pp, self.vpp, self.microbatches, tuple(tuple(r) for r in ranks),
-                        self.kind if kind is None else kind)
+                        self.kind if kind is None else kind, self.placement)
 
     def __iter__(self) -> Iterator[Tuple[Action, ...]]:
         return iter(self.ranks)
 
     def header(self) -> str:
+        place = "" if self.placement == "interleaved" else f" placement={self.placement}"
         return (f"schedule pp={self.pp} vpp={self.vpp} microbatches={self.microbatches} "
-                f"kind={self.kind}")
+                f"kind={self.kind}{place}")
 
     def to_text(self) -> str:
         lines = [self.header()]
@@ -342,7 +374,8 @@ class Schedule:
         missing = [r for r, acts in enumerate(ranks) if acts is None]
         if missing:
             raise ScheduleError(f"schedule text has no line for rank(s) {missing}")
-        return cls(pp, vpp, mbs, tuple(ranks), fields.get("kind", "custom"))
+        return cls(pp, vpp, mbs, tuple(ranks), fields.get("kind", "custom"),
+                   fields.get("placement", "interleaved"))
 
     def __str__(self) -> str:
         return self.to_text()

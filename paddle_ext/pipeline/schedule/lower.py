@@ -16,6 +16,8 @@ Contract of a lowered rank list (what the runtime interpreter executes, in order
   input gradient (from ``RG<c>.<m>`` or the loss, like B) and is what ``SG<c>.<m>``
   sends; it frees the activations autograd kept but keeps what W needs. W then
   accumulates the micro-batch's parameter gradients of chunk c; it moves no tensor.
+- V placement: the last rank's F1.m takes F0.m's output and its I/B0.m takes I/B1.m's
+  input gradient in place (a local hand-over), with no transfer action.
 - ``GS<c>`` (only with grad_sync=True): chunk c's last B or W on this rank is done, its
   gradient buckets may launch (asynchronously, on their own group).
 
@@ -93,8 +95,9 @@ def lower(schedule: Schedule, costs: Optional[Costs] = None, grad_sync: bool = F
             out = [_with_grad_sync(acts) for acts in out]
         return schedule.with_ranks(out)
     pp, ns, ranks = schedule.pp, schedule.num_stages, schedule.ranks
-    needs = [[consumes(pp, ns, r, a) for a in acts] for r, acts in enumerate(ranks)]
-    makes = [[produces(pp, ns, r, a) for a in acts] for r, acts in enumerate(ranks)]
+    pl = schedule.placement
+    needs = [[consumes(pp, ns, r, a, pl) for a in acts] for r, acts in enumerate(ranks)]
+    makes = [[produces(pp, ns, r, a, pl) for a in acts] for r, acts in enumerate(ranks)]
 
     clock: List[Number] = [0] * pp  # when each rank's current compute ends
     ptr = [0] * pp
@@ -137,14 +140,14 @@ def lower(schedule: Schedule, costs: Optional[Costs] = None, grad_sync: bool = F
             if needs[r][i] and not have[r].issuperset(needs[r][i]):
                 continue
             a = ranks[r][i]
-            end = t + costs.of(pp, r, a)
+            end = t + costs.of(pp, r, a, pl)
             out[r].append(a)
             clock[r] = end
             ptr[r] += 1
             done += 1
             heapq.heappush(times, end)
             for p in makes[r][i]:
-                heapq.heappush(future, _pending(pp, p, end))
+                heapq.heappush(future, _pending(pp, p, end, pl))
     if done < total or future or ready:
         simulate(schedule, costs)  # raises the deadlock error with the waiting chain
         raise schedule_error(schedule, "lowering could not finish the schedule")
@@ -160,8 +163,9 @@ def _lower_threaded(schedule: Schedule, costs: Costs) -> List[List[Action]]:
     holds its computes and its transfers merged by simulated start time (a transfer
     before a compute that starts at the same moment)."""
     pp, ns, ranks = schedule.pp, schedule.num_stages, schedule.ranks
-    needs = [[consumes(pp, ns, r, a) for a in acts] for r, acts in enumerate(ranks)]
-    makes = [[produces(pp, ns, r, a) for a in acts] for r, acts in enumerate(ranks)]
+    pl = schedule.placement
+    needs = [[consumes(pp, ns, r, a, pl) for a in acts] for r, acts in enumerate(ranks)]
+    makes = [[produces(pp, ns, r, a, pl) for a in acts] for r, acts in enumerate(ranks)]
     busy: List[Number] = [0] * pp      # compute stream free at
     line: Dict[Tuple[int, int], Number] = {}  # directed link (src, dst) free at
     ptr = [0] * pp
@@ -201,14 +205,14 @@ def _lower_threaded(schedule: Schedule, costs: Costs) -> List[List[Action]]:
             if any(arrived[r].get(p, t + 1) > t for p in needs[r][i]):
                 continue
             a = ranks[r][i]
-            end = t + costs.of(pp, r, a)
+            end = t + costs.of(pp, r, a, pl)
             events[r].append((t, 1, 0, a))
             busy[r] = end
             ptr[r] += 1
             done += 1
             heapq.heappush(times, end)
             for p in makes[r][i]:
-                heapq.heappush(future, _pending(pp, p, end))
+                heapq.heappush(future, _pending(pp, p, end, pl))
     if done < total or future or ready:
         simulate(schedule, costs)  # raises the deadlock error with the waiting chain
         raise schedule_error(schedule, "lowering could not finish the schedule")
@@ -218,10 +222,11 @@ def _lower_threaded(schedule: Schedule, costs: Costs) -> List[List[Action]]:
 _Pending = Tuple[Tuple[Number, int, int, int], Payload, int, int, Action, Action]
 
 
-def _pending(pp: int, p: Payload, made: Number) -> _Pending:
+def _pending(pp: int, p: Payload, made: Number, placement: str) -> _Pending:
     """A tensor waiting to be sent, with both sides' actions spelled out once."""
     is_grad, s_stage, d_stage, mb = p
-    (src, s_chunk), (dst, d_chunk) = locate(pp, s_stage), locate(pp, d_stage)
+    (src, s_chunk) = locate(pp, s_stage, placement)
+    (dst, d_chunk) = locate(pp, d_stage, placement)
     send = (SendGrad if is_grad else SendAct)(s_chunk, mb, dst)
     recv = (RecvGrad if is_grad else RecvAct)(d_chunk, mb, src)
     return ((made, int(is_grad), mb, s_stage), p, src, dst, send, recv)

@@ -205,14 +205,16 @@ def plot_timeline(result: SimResult, path: str, title: Optional[str] = None) -> 
     ax.set_xlim(0, makespan)
     ax.set_xlabel("seconds (measured)" if result.mode == "measured" else "simulated time")
     bubble = float(result.bubble_overall)
-    ax.set_title(title or f"{sched.kind}: pp={sched.pp} vpp={sched.vpp} "
+    place = "" if sched.placement == "interleaved" else f" placement={sched.placement}"
+    ax.set_title(title or f"{sched.kind}: pp={sched.pp} vpp={sched.vpp}{place} "
                  f"microbatches={sched.microbatches}, makespan {makespan:g}, "
                  f"bubble {bubble:.1%}")
     kinds = {type(p).__name__ for acts in sched.ranks for a in acts for p in computes(a)}
     names = {"F": "F", "B": "B", "I": "I: input grad", "W": "W: weight grads (low bar)"}
     handles = [Patch(facecolor="0.5", hatch=_HATCH[k], label=names[k])
                for k in ("F", "B", "I", "W") if k in kinds or k == "F"]
-    handles.append(Patch(facecolor="0.85", label="lighter = later chunk"))
+    handles.append(Patch(facecolor="0.85", label="lighter = later chunk" + (
+        " (chunk 1: the V's way back)" if sched.placement == "v" else "")))
     if any(len(computes(a)) == 2 for acts in sched.ranks for a in acts):
         handles.append(Patch(facecolor="white", edgecolor="black",
                              label="F&B: one overlapped step (F lower half, B upper)"))

@@ -140,7 +140,9 @@ class Costs:
         return (not self.per_stage and not self.per_action and self.overlap is None
                 and self.overlap_ratio in (None, 1))
 
-    def of(self, pp: int, rank: int, action: Action) -> Number:
+    def of(self, pp: int, rank: int, action: Action, placement: str = "interleaved") -> Number:
+        """Cost of `action` on `rank`; `placement` maps its chunk to the global stage
+        `per_stage` is keyed by."""
         t = type(action)
         if self.per_action and (rank, action) in self.per_action:
             return self.per_action[(rank, action)]
@@ -153,9 +155,10 @@ class Costs:
         if t is FB:
             if self.overlap is not None:
                 return self.overlap
-            both = self.of(pp, rank, action.f) + self.of(pp, rank, action.b)
+            both = (self.of(pp, rank, action.f, placement)
+                    + self.of(pp, rank, action.b, placement))
             return both if self.overlap_ratio is None else self.overlap_ratio * both
-        own = self.per_stage.get(stage_of(pp, rank, action.chunk))
+        own = self.per_stage.get(stage_of(pp, rank, action.chunk, placement))
         if own is None:
             fwd, bwd, (i, w) = self.forward, self.backward, self.i_w
         elif len(own) == 3:
@@ -236,7 +239,7 @@ class SimResult:
                     cur += 1
                     peak = max(peak, cur)
                 elif computes(a) and s.lowered:
-                    cur -= len(consumes(s.pp, s.num_stages, r, a))
+                    cur -= len(consumes(s.pp, s.num_stages, r, a, s.placement))
             out.append(peak)
         return tuple(out)
 
@@ -312,7 +315,7 @@ def simulate(schedule: Schedule, costs: Optional[Costs] = None,
 
 def _run_blocking(schedule: Schedule, costs: Costs) -> List[List[Span]]:
     partner = match_channels(schedule)
-    pp, ranks = schedule.pp, schedule.ranks
+    pp, ranks, pl = schedule.pp, schedule.ranks, schedule.placement
     ptr = [0] * pp
     clock: List[Number] = [0] * pp
     spans: List[List[Span]] = [[] for _ in range(pp)]
@@ -329,7 +332,7 @@ def _run_blocking(schedule: Schedule, costs: Costs) -> List[List[Span]]:
                 q, j = partner[(r, i)]
                 if ptr[q] != j:
                     break  # the peer completes this pair when it gets to j
-                end = max(clock[r], clock[q]) + max(costs.of(pp, r, a), costs.of(pp, q, ranks[q][j]))
+                end = max(clock[r], clock[q]) + max(costs.of(pp, r, a, pl), costs.of(pp, q, ranks[q][j], pl))
                 spans[r].append(Span(r, i, a, clock[r], end))
                 spans[q].append(Span(q, j, ranks[q][j], clock[q], end))
                 clock[r] = clock[q] = end
@@ -338,7 +341,7 @@ def _run_blocking(schedule: Schedule, costs: Costs) -> List[List[Span]]:
                     ready.append(q)
                     queued[q] = True
             else:
-                end = clock[r] + costs.of(pp, r, a)
+                end = clock[r] + costs.of(pp, r, a, pl)
                 spans[r].append(Span(r, i, a, clock[r], end))
                 clock[r] = end
             ptr[r] += 1
@@ -353,7 +356,7 @@ def _run_threaded(schedule: Schedule, costs: Costs) -> List[List[Span]]:
     in list order, a send once its producer is done, both sides meeting as in the
     blocking run."""
     partner = match_channels(schedule)
-    pp, ns, ranks = schedule.pp, schedule.num_stages, schedule.ranks
+    pp, ns, ranks, pl = schedule.pp, schedule.num_stages, schedule.ranks, schedule.placement
     comp = [[i for i, a in enumerate(acts) if not isinstance(a, Comm)] for acts in ranks]
     links: Dict[Tuple[int, int, bool], List[int]] = {}  # (rank, peer, sends) -> steps
     recv_at: Dict[Tuple[int, Payload], int] = {}
@@ -363,9 +366,9 @@ def _run_threaded(schedule: Schedule, costs: Costs) -> List[List[Span]]:
             if isinstance(a, Comm):
                 links.setdefault((r, a.peer, a.is_send), []).append(i)
                 if not a.is_send:
-                    recv_at[(r, payload(pp, r, a))] = i
+                    recv_at[(r, payload(pp, r, a, pl))] = i
             elif computes(a):
-                for p in produces(pp, ns, r, a):
+                for p in produces(pp, ns, r, a, pl):
                     made_by[(r, p)] = i
     end: Dict[Tuple[int, int], Number] = {}
     spans: List[List[Span]] = [[] for _ in range(pp)]
@@ -380,11 +383,11 @@ def _run_threaded(schedule: Schedule, costs: Costs) -> List[List[Span]]:
             acts = ranks[r]
             while cp[r] < len(comp[r]):
                 i = comp[r][cp[r]]
-                waits = [recv_at[(r, p)] for p in consumes(pp, ns, r, acts[i])]
+                waits = [recv_at[(r, p)] for p in consumes(pp, ns, r, acts[i], pl)]
                 if any((r, j) not in end for j in waits):
                     break
                 start = max([busy[r]] + [end[(r, j)] for j in waits])
-                end[(r, i)] = busy[r] = start + costs.of(pp, r, acts[i])
+                end[(r, i)] = busy[r] = start + costs.of(pp, r, acts[i], pl)
                 spans[r].append(Span(r, i, acts[i], start, busy[r]))
                 cp[r] += 1
                 moved = True
@@ -397,13 +400,13 @@ def _run_threaded(schedule: Schedule, costs: Costs) -> List[List[Span]]:
                 _, j = partner[(r, i)]
                 if lp.get((q, r, False), 0) >= len(back) or back[lp[(q, r, False)]] != j:
                     break  # the receiver's thread has not reached it yet
-                producer = made_by[(r, payload(pp, r, ranks[r][i]))]
+                producer = made_by[(r, payload(pp, r, ranks[r][i], pl))]
                 if (r, producer) not in end:
                     break
                 posted_s = max(line.get((r, q), 0), end[(r, producer)])
                 posted_d = line.get((r, q), 0)
-                finish = max(posted_s, posted_d) + max(costs.of(pp, r, ranks[r][i]),
-                                                       costs.of(pp, q, ranks[q][j]))
+                finish = max(posted_s, posted_d) + max(costs.of(pp, r, ranks[r][i], pl),
+                                                       costs.of(pp, q, ranks[q][j], pl))
                 spans[r].append(Span(r, i, ranks[r][i], posted_s, finish))
                 spans[q].append(Span(q, j, ranks[q][j], posted_d, finish))
                 end[(r, i)] = end[(q, j)] = line[(r, q)] = finish
@@ -432,7 +435,7 @@ def _run_threaded(schedule: Schedule, costs: Costs) -> List[List[Span]]:
 
 
 def _run_dataflow(schedule: Schedule, costs: Costs) -> List[List[Span]]:
-    pp, ns, ranks = schedule.pp, schedule.num_stages, schedule.ranks
+    pp, ns, ranks, pl = schedule.pp, schedule.num_stages, schedule.ranks, schedule.placement
     ptr = [0] * pp
     clock: List[Number] = [0] * pp
     spans: List[List[Span]] = [[] for _ in range(pp)]
@@ -445,7 +448,7 @@ def _run_dataflow(schedule: Schedule, costs: Costs) -> List[List[Span]]:
         acts = ranks[r]
         while ptr[r] < len(acts):
             a = acts[ptr[r]]
-            need = consumes(pp, ns, r, a)
+            need = consumes(pp, ns, r, a, pl)
             missing = [p for p in need if p not in avail]
             if missing:
                 waiting.setdefault(missing[0], []).append(r)
@@ -453,17 +456,17 @@ def _run_dataflow(schedule: Schedule, costs: Costs) -> List[List[Span]]:
                 break
             blocked_on.pop(r, None)
             start = max([clock[r]] + [avail[p] for p in need])
-            end = start + costs.of(pp, r, a)
+            end = start + costs.of(pp, r, a, pl)
             spans[r].append(Span(r, ptr[r], a, start, end))
             clock[r] = end
-            for p in produces(pp, ns, r, a):
+            for p in produces(pp, ns, r, a, pl):
                 avail[p] = end + costs.comm
                 ready.extend(waiting.pop(p, ()))
             ptr[r] += 1
     if any(ptr[r] < len(ranks[r]) for r in range(pp)):
         def producer_rank(r: int) -> int:
             _, src, _, _ = blocked_on[r]
-            return src % pp
+            return schedule.locate(src)[0]
         raise _deadlock(schedule, ptr, producer_rank)
     return spans
 

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Dict, Optional, Tuple
 
+from paddle_ext.pipeline.schedule.flow import is_local
 from paddle_ext.pipeline.schedule.ir import (
     INPUT_GRAD_KINDS,
     B,
@@ -42,7 +43,6 @@ from paddle_ext.pipeline.schedule.ir import (
     W,
     computes,
     locate,
-    stage_of,
 )
 from paddle_ext.pipeline.schedule.render import schedule_error
 from paddle_ext.pipeline.schedule.simulate import Costs, SimResult, simulate
@@ -108,7 +108,7 @@ def check_compute(schedule: Schedule) -> None:
                 if key not in at[F]:
                     raise schedule_error(
                         schedule, f"rank {r} never runs F{c}.{mb} (stage "
-                        f"{stage_of(schedule.pp, r, c)}, micro-batch {mb})", [])
+                        f"{schedule.stage(r, c)}, micro-batch {mb})", [])
                 if key not in at[B] and key not in at[I]:
                     raise schedule_error(
                         schedule, f"F{c}.{mb} on rank {r} (step {at[F][key]}) has no "
@@ -118,6 +118,24 @@ def check_compute(schedule: Schedule) -> None:
                         schedule, f"I{c}.{mb} on rank {r} (step {at[I][key]}) has no W{c}.{mb}: "
                         "its weight gradients would never be computed", [(r, at[I][key])])
         _check_grad_sync(schedule, r, {**at[B], **at[W]})
+        if schedule.placement == "v" and r == schedule.pp - 1:
+            _check_hand_over(schedule, r, at)
+
+
+def _check_hand_over(schedule: Schedule, r: int, at) -> None:
+    """V placement: the last rank's chunk 1 (stage pp) takes chunk 0's output in place,
+    and chunk 0 (stage pp-1) takes chunk 1's input gradient, so on that rank F0.m comes
+    before F1.m and the input gradient of chunk 1 (its B or I) before chunk 0's."""
+    grad = {**at[B], **at[I]}
+    for mb in range(schedule.microbatches):
+        for first, then, what in ((at[F].get((0, mb)), at[F].get((1, mb)), "activation"),
+                                  (grad.get((1, mb)), grad.get((0, mb)), "input gradient")):
+            if first is not None and then is not None and then <= first:
+                acts = schedule.ranks[r]
+                raise schedule_error(
+                    schedule, f"{acts[then]} on rank {r} (step {then}) needs the {what} that "
+                    f"{acts[first]} (step {first}) hands over locally (placement v: stages "
+                    f"{schedule.pp - 1} and {schedule.pp} share rank {r})", [(r, then), (r, first)])
 
 
 def _check_split(schedule: Schedule, r: int, i: int, p, at) -> None:
@@ -183,7 +201,11 @@ _NEEDS = {
 
 def check_comm(schedule: Schedule) -> None:
     """Check 3: the communication of a lowered schedule is complete and well placed."""
-    pp, n = schedule.pp, schedule.num_stages
+    pp, n, pl = schedule.pp, schedule.num_stages, schedule.placement
+
+    def needed(typ: type, s: int) -> bool:
+        other = s + 1 if typ.is_send != typ.is_grad else s - 1
+        return _NEEDS[typ][0](s, n) and not is_local(pp, r, other, pl)
     for r, acts in enumerate(schedule.ranks):
         at: Dict[Tuple[type, int, int], int] = {}
         compute_at: Dict[Tuple[type, int, int], int] = {}
@@ -194,7 +216,7 @@ def check_comm(schedule: Schedule) -> None:
         for i, a in enumerate(acts):
             if not isinstance(a, Comm):
                 continue
-            s = a.chunk * pp + r
+            s = schedule.stage(r, a.chunk)
             _needed, kind, side = _NEEDS[type(a)]
             # Activation sends and gradient receives face the next stage, the others the
             # previous one.
@@ -203,11 +225,15 @@ def check_comm(schedule: Schedule) -> None:
                 raise schedule_error(
                     schedule, f"{a} on rank {r} is not needed: stage {s} is the "
                     f"{'last' if other == n else 'first'} stage", [(r, i)])
-            if a.peer != other % pp:
+            if is_local(pp, r, other, pl):
+                raise schedule_error(
+                    schedule, f"{a} on rank {r} is not needed: stages {s} and {other} both live "
+                    "on this rank (placement v hands the tensor over locally)", [(r, i)])
+            if a.peer != locate(pp, other, pl)[0]:
                 raise schedule_error(
                     schedule, f"{a} on rank {r} talks to rank {a.peer}, but the tensor "
                     f"{'goes to' if a.is_send else 'comes from'} stage {other}, which lives on "
-                    f"rank {locate(pp, other)[0]}", [(r, i)])
+                    f"rank {locate(pp, other, pl)[0]}", [(r, i)])
             key = (type(a), a.chunk, a.mb)
             if key in at:
                 raise schedule_error(schedule, f"{a} appears twice on rank {r}",
@@ -219,14 +245,14 @@ def check_comm(schedule: Schedule) -> None:
                     schedule, f"{a} on rank {r} (step {i}) must come {side} "
                     f"{acts[ci]} (step {ci}), which {'produces' if side == 'after' else 'needs'} "
                     "its tensor", [(r, i), (r, ci)])
-        expected = sum(1 for c in range(schedule.vpp) for need, _, _ in _NEEDS.values()
-                       if need(stage_of(pp, r, c), n)) * schedule.microbatches
+        expected = sum(1 for c in range(schedule.vpp) for typ in _NEEDS
+                       if needed(typ, schedule.stage(r, c))) * schedule.microbatches
         if len(at) == expected:  # no duplicates and all in range, so none is missing
             continue
         for c in range(schedule.vpp):
-            s = stage_of(pp, r, c)
-            for typ, (needed, kind, _side) in _NEEDS.items():
-                if not needed(s, n):
+            s = schedule.stage(r, c)
+            for typ, (_needed, kind, _side) in _NEEDS.items():
+                if not needed(typ, s):
                     continue
                 for mb in range(schedule.microbatches):
                     if (typ, c, mb) not in at:
@@ -242,14 +268,14 @@ def check_comm(schedule: Schedule) -> None:
 
 def _check_times(schedule: Schedule, result: SimResult) -> None:
     """Check 6, on the simulated spans."""
-    pp, n = schedule.pp, schedule.num_stages
+    n = schedule.num_stages
     start: Dict[Tuple[str, int, int], Tuple[object, int, int]] = {}
     end: Dict[Tuple[str, int, int], object] = {}
     for r, row in enumerate(result.spans):
         for sp in row:
             for p in computes(sp.action):
                 kind = "F" if type(p) is F else ("W" if type(p) is W else "B")  # B or I: "B"
-                key = (kind, stage_of(pp, r, p.chunk), p.mb)
+                key = (kind, schedule.stage(r, p.chunk), p.mb)
                 start[key] = (sp.start, r, sp.index)
                 end[key] = sp.end
     for (k, s, mb), (t, r, i) in start.items():

@@ -31,6 +31,35 @@ def stage_params(model, stage, embedding_cls):
     return out
 
 
+def v_stage_params(model):
+    """stage_params for a V-segmented PipelineLayer (use_dualpipev): rank 0's chunk 1
+    ends with the lm head (layer_id 0); a parameter both ends share (the tied word
+    table, LocalSharedLayerDesc) is listed once, under the embedding."""
+    out, seen = {}, set()
+    for c, chunk in enumerate(model._model_chunks):
+        for layer in chunk.sublayers(include_self=True):
+            if hasattr(layer, "layer_id"):
+                head = layer.layer_id == 0 and c == 1
+                for name, p in layer.named_parameters():
+                    if id(p) not in seen:
+                        seen.add(id(p))
+                        out[(layer.layer_id, head, name)] = p
+    return out
+
+
+def reference_eval_loss(ref, ids, labels, m, mbs, delay):
+    """eval_batch's loss computed by the single-process reference: the micro-batch
+    losses summed, each / m (or the sum / m under delay_scale_loss)."""
+    import paddle
+
+    with paddle.no_grad():
+        total = paddle.zeros([])
+        for mb in range(m):
+            part = ref(ids[mb * mbs:(mb + 1) * mbs], labels[mb * mbs:(mb + 1) * mbs])
+            total += part / m if m > 1 and not delay else part
+        return total / m if delay else total
+
+
 def ref_param(ref, key):
     """The reference model's parameter for a stage_params key."""
     layer_id, head, name = key

@@ -21,7 +21,14 @@ import paddle
 import paddle.distributed.fleet as fleet
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
-from _parity import GradRecorder, assert_equal, check_split, ref_param, stage_params  # noqa: E402
+from _parity import (  # noqa: E402
+    GradRecorder,
+    assert_equal,
+    check_split,
+    ref_param,
+    reference_eval_loss,
+    stage_params,
+)
 
 import paddle_ext  # noqa: E402
 from examples.tiny_gpt import Embedding, Reference, batch, pipeline_model  # noqa: E402
@@ -84,13 +91,7 @@ def run_pair(hcg, vpp, m, delay, via_fleet, use_scaler=False, kind=None):
         assert_equal(f"pp={pp} vpp={vpp} M={m} param {key} after {STEPS} steps", mine[key].numpy(), p.numpy())
     ids, labels = batch(STEPS, m * MBS, SEQ, VOCAB)
     eval_loss = engine.eval_batch([ids, labels], compute_loss=True)
-    with paddle.no_grad():
-        ref_eval = paddle.zeros([])
-        for mb in range(m):
-            part = ref(ids[mb * MBS:(mb + 1) * MBS], labels[mb * MBS:(mb + 1) * MBS])
-            ref_eval += part / m if m > 1 and not delay else part
-        if delay:
-            ref_eval = ref_eval / m
+    ref_eval = reference_eval_loss(ref, ids, labels, m, MBS, delay)
     assert_equal(f"pp={pp} vpp={vpp} M={m} eval_batch loss", eval_loss.numpy(), ref_eval.numpy())
     predicted = simulate(engine.schedule(m)).peak_in_flight[stage]
     assert engine.last_step.peak_in_flight <= predicted, (engine.last_step.peak_in_flight, predicted)

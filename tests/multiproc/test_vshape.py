@@ -1,0 +1,64 @@
+"""V placement on gloo: zb-v and dualpipev on a use_dualpipev PipelineLayer (Paddle 3.3)
+against single-process runs.
+
+Four launches, each looping over its configs inside one job: pp2 and pp4 x {zb-v,
+dualpipev} x M in {1 (the minimum), 2, 3*pp}, tied (LocalSharedLayerDesc) and untied
+embeddings, delay_scale_loss, overlap_p2p_comm (pp2), the first config through
+fleet.distributed_model with pp_configs.use_dualpipev / schedule_mode "ZBV"; pp2 with examples/overlap_gpt.py (its
+overlapped_forward_backward runs dualpipev's F&B pairs); and pp2 x dp2 with dp overlap
+(grad_overlap_parity.py's `v` configs). Losses, grads and parameters after 3 Adam steps:
+bitwise untied, within 1e-6 where the tied word table sums its two uses in schedule
+order.
+"""
+
+import re
+
+import pytest
+
+from paddle_ext import compat
+from tests.multiproc.launch import launch
+
+pytestmark = [pytest.mark.multiprocess,
+              pytest.mark.skipif(not compat.pipeline_layer_supports_v(),
+                                 reason="this Paddle's PipelineLayer has no use_dualpipev (V segmentation, 3.3+)")]
+
+CONFIGS = {2: "dualpipev:1:1:0,dualpipev:2:0:1,dualpipev:6:1:0,zb-v:1:1:1,zb-v:2:0:0,zb-v:6:1:0,dualpipev:5:0:0:1,"
+              "zb-v:3:0:1:1",
+           4: "zb-v:12:1:0,zb-v:1:0:0,zb-v:2:1:1,dualpipev:1:1:0,dualpipev:2:0:1,dualpipev:12:1:0"}
+
+
+@pytest.mark.parametrize("pp", [2, 4])
+def test_v_schedules_equal_single_process(pp):
+    result = launch("vshape_parity.py", str(pp), CONFIGS[pp], nproc=pp, timeout=240)
+    assert result.returncode == 0, result.describe()
+    want = [(k, m, "bitwise" if t == "0" else "within") for k, m, t, *_ in
+            (c.split(":") for c in CONFIGS[pp].split(","))]
+    for rank in range(pp):
+        log = result.logs[rank]
+        assert f"rank {rank}: all configs passed" in log, result.describe()
+        found = re.findall(rf"rank {rank}: pp={pp} (\S+) M=(\d+) [^:]*: (?:equal )?(bitwise|within) .*placement=v", log)
+        assert found == want, result.describe()
+
+
+def test_dualpipev_pairs_run_through_overlapped_forward_backward():
+    configs = "dualpipev:6:0:0,dualpipev:2:0:1,zb-v:1:0:0"
+    result = launch("vshape_parity.py", "2", configs, "overlap", nproc=2, timeout=200)
+    assert result.returncode == 0, result.describe()
+    for rank in range(2):
+        log = result.logs[rank]
+        found = re.findall(rf"rank {rank}: pp=2 (\S+) M=(\d+) .*overlap_model=True p2p=False: bitwise equal \(schedule (\S+) "
+                           r".*, (\d+) F&B through", log)
+        assert [f[:3] for f in found] == [("dualpipev", "6", "dualpipev-overlap"), ("dualpipev", "2", "dualpipev-overlap"),
+                                          ("zb-v", "1", "zb-v")], result.describe()
+        assert int(found[0][3]) > 0, result.describe()
+
+
+def test_v_schedules_with_dp_overlap_equal_reference():
+    configs = "2:6:0:0:16:v,2:5:1:2:16:vz,2:1:1:0:16:v"
+    result = launch("grad_overlap_parity.py", "2", "1", configs, nproc=4, timeout=200)
+    assert result.returncode == 0, result.describe()
+    for rank in range(4):
+        log = result.logs[rank]
+        assert f"rank {rank}: all configs passed" in log, result.describe()
+        found = re.findall(rf"rank {rank}: dp=2 sharding=1 vpp=2 M=\d+ .*placement=v: on == off bitwise", log)
+        assert len(found) == 3, result.describe()
