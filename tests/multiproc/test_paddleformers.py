@@ -28,11 +28,13 @@ from __future__ import annotations
 import glob
 import json
 import os
+import subprocess
+import sys
 import tempfile
 
 import pytest
 
-from tests.multiproc.launch import launch
+from tests.multiproc.launch import SCRIPTS, launch
 
 pytest.importorskip("paddleformers.trainer", reason="PaddleFormers is not installed (pip install .[paddleformers])")
 
@@ -108,11 +110,8 @@ def test_row_parallel_sum_order_alone_needs_the_test_epsilon(tmp_path):
     as tensor parallel 2 splits them (no collective, no engine) gives first-step gradients
     within GRAD_BOUND but, at AdamW's default epsilon, parameters beyond REL_BOUND; at the
     test's epsilon within it (scripts/paddleformers_split_rows.py)."""
-    import subprocess
-    import sys
-
     out = tmp_path / "split.json"
-    script = os.path.join(os.path.dirname(__file__), "scripts", "paddleformers_split_rows.py")
+    script = os.path.join(SCRIPTS, "paddleformers_split_rows.py")
     proc = subprocess.run([sys.executable, script, str(out)], capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     with open(out) as f:
