@@ -1,15 +1,32 @@
 #!/usr/bin/env bash
 # Leg paddleformers: PaddleFormers' own Trainer on the plugin's pipeline engine, Paddle 3.3.1.
-# Installs the [paddleformers] extra (paddleformers 1.2.0 with the pyarrow<26 pin) into a
-# venv of its own through the Makefile's setup, then runs the Trainer parity tests
-# (tests/multiproc/test_paddleformers.py: configs a-f, evaluate(), resume_from_checkpoint) and
-# the unit that lifts PaddleFormers' dp-overlap refusal (the main leg runs both skipped: no
-# PaddleFormers there).
+# Runs after the main leg (.ci/run lists it last): `make test` has left $VENV (.venv) with
+# Paddle 3.3.1 and the plugin installed editable, its op library built in place. This leg
+# adds the [paddleformers] extra's requirements, read from pyproject.toml (paddleformers 1.2.0
+# with the pyarrow<26 / numpy<=1.26.4 pins), to that venv, so nothing is rebuilt; `make setup`
+# first is a no-op there and sets the venv up when the leg runs alone. Then the Trainer parity
+# tests (tests/multiproc/test_paddleformers.py: configs a-f, the split-row-sum run, evaluate(),
+# resume_from_checkpoint) and the unit that lifts PaddleFormers' dp-overlap refusal (the main
+# leg runs both skipped: no PaddleFormers there).
+# The user's path, `pip install ".[paddleformers]"`, installs the same list plus the plugin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-venv="$PWD/build/ci/paddleformers/venv"
-make setup PADDLE=3.3.1 VENV="$venv" EXTRAS=paddleformers
-"$venv/bin/python" -c "
-import numpy, pyarrow, paddleformers.trainer
-print('paddleformers', paddleformers.__version__, 'numpy', numpy.__version__, 'pyarrow', pyarrow.__version__)"
-"$venv/bin/python" -m pytest -q -rs tests/multiproc/test_paddleformers.py tests/test_paddleformers_overlap.py
+VENV=${VENV:-.venv}
+if [ -f "$VENV/.paddle-ext-installed" ] && ! make -q setup PADDLE=3.3.1 VENV="$VENV"; then
+  echo "note: $VENV's setup is older than the sources: make setup reinstalls (and rebuilds) the plugin"
+fi
+make setup PADDLE=3.3.1 VENV="$VENV"
+py="$VENV/bin/python"
+mapfile -t requirements < <("$py" -c "
+import tomllib
+with open('pyproject.toml', 'rb') as f:
+    print('\n'.join(tomllib.load(f)['project']['optional-dependencies']['paddleformers']))")
+echo "[paddleformers] extra: ${requirements[*]}"
+"$py" -m pip install -q "${requirements[@]}"
+"$py" -m pip check
+"$py" -c "
+import numpy, paddle, pyarrow, paddleformers.trainer
+assert paddle.__version__ == '3.3.1', paddle.__version__
+print('paddleformers', paddleformers.__version__, 'paddle', paddle.__version__, 'numpy', numpy.__version__,
+      'pyarrow', pyarrow.__version__)"
+"$py" -m pytest -q -rs tests/multiproc/test_paddleformers.py tests/test_paddleformers_overlap.py

@@ -41,6 +41,15 @@ from paddleformers.trainer import Trainer, TrainerCallback, TrainingArguments  #
 from paddleformers.transformers import LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe  # noqa: E402
 
 VOCAB, HIDDEN, SEQ, LAYERS, STEPS, LR, SEED = 64, 16, 8, 4, 3, 1e-2, 1234
+# AdamW's epsilon, the Trainer's (adam_epsilon) and the reference's, every config. AdamW's
+# first update is lr * g / (|g| + eps): its slope in a gradient element is up to lr / eps, so
+# at PaddleFormers' default 1e-8 a gradient element near 1e-8 whose last bits differ (a
+# summation order changed: tensor parallelism's row-parallel sums put ~1e-6 of the largest
+# gradient into every element) moves its parameter by a sizeable part of lr. At 1e-4 such a
+# rounding difference (~3e-8 absolute) moves a parameter by at most ~3e-4 * lr, while a
+# gradient off by a real factor (a missing scaling) still changes the updates, which a
+# scale-invariant AdamW at 1e-8 would hide.
+ADAM_EPSILON = 1e-4
 
 CONFIGS = {
     "a": dict(acc=4, eval_resume=True),
@@ -159,16 +168,20 @@ def training_args(name, cfg, out_dir, **extra):
         sharding="stage1" if sharding > 1 else "", split_param=False,
         forward_backward_overlap_scheduler=cfg.get("forward_backward_overlap_scheduler", False),
         dp_comm_overlap=cfg.get("dp_comm_overlap", False), do_train=True, amp_master_grad=False,
+        adam_epsilon=ADAM_EPSILON,
     )
     kwargs.update(extra)
     return TrainingArguments(**kwargs)
 
 
-def reference_run(config, cfg, dataset, steps):
-    """Parameters and per-step losses of the single-process reference."""
+def reference_run(config, cfg, dataset, steps, epsilon=ADAM_EPSILON, prepare=None):
+    """Parameters and per-step losses of the single-process reference (`prepare`, if
+    given, changes the model before training: scripts/paddleformers_split_rows.py)."""
     ref = reference_model(config)
+    if prepare is not None:
+        prepare(ref)
     opt = paddle.optimizer.AdamW(LR, parameters=ref.parameters(), weight_decay=0.0,
-                                 beta1=0.9, beta2=0.999, epsilon=1e-8)
+                                 beta1=0.9, beta2=0.999, epsilon=epsilon)
     replicas = cfg.get("dp", 1) * cfg.get("sharding", 1)
     per_step = cfg["acc"] * replicas
     losses = []
