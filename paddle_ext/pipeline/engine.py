@@ -144,12 +144,7 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
             self.settings = settings
         self.accumulate_steps = settings.accumulate_steps
         self.micro_batch_size = settings.micro_batch_size
-        if self.placement == "v" and self.accumulate_steps < V_MIN_MICROBATCHES:
-            raise ValueError(f"accumulate_steps = {self.accumulate_steps} is not allowed: must be >= "
-                             f"{V_MIN_MICROBATCHES}")
-        if self.placement != "v" and self.accumulate_steps < self.num_stages:
-            raise ValueError(
-                f"accumulate_steps = {self.accumulate_steps} is not allowed: must be >= pp_degree = {self.num_stages}")
+        self._check_accumulate_steps(self.accumulate_steps)
         neighbours = neighbour_groups(hcg)
         self._p2p = P2P(neighbours)
         self._links: Optional[tuple[P2P, P2P]] = None
@@ -228,6 +223,15 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         self._optimizer_step(optimizer, lr_scheduler, scaler)
         return loss
 
+    def _check_accumulate_steps(self, m: int) -> None:
+        """The V schedules take any count from V_MIN_MICROBATCHES; the others need pp."""
+        if self.placement == "v":
+            low, what = V_MIN_MICROBATCHES, str(V_MIN_MICROBATCHES)
+        else:
+            low, what = self.num_stages, f"pp_degree = {self.num_stages}"
+        if m < low:
+            raise ValueError(f"accumulate_steps = {m} is not allowed: must be >= {what}")
+
     def _forward_backward(self, data: Any, optimizer: Any, scaler: Any, per_microbatch: bool,
                           scale_accumulation: bool) -> paddle.Tensor:
         """The schedule, the tied-weight all-reduce and the dp/sharding reduction; the
@@ -235,8 +239,7 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         1/accumulate_steps (train_batch; forward_backward_pipeline leaves that to its
         caller, as Paddle's does)."""
         m = self.accumulate_steps
-        if m < self.num_stages:
-            raise ValueError(f"accumulate_steps = {m} is not allowed: must be >= pp_degree = {self.num_stages}")
+        self._check_accumulate_steps(m)  # a trainer may have changed it since the last step
         loss_fn = compat.pipeline_loss_fns(self._layers)[self.loss_fn_idx]
         if self._grad_sync is not None:
             self._grad_sync.begin_step(optimizer, self.schedule(m).ranks[self.stage_id], microbatches=m,
