@@ -556,6 +556,13 @@ std::vector<RotaryCase> rotary_cases() {
 
 // ---- c_embedding --------------------------------------------------------------
 
+// The backward's summation kind for the float kinds this check covers.
+ce::GradKind grad_kind(FloatKind kind) {
+  return kind == FloatKind::kFloat32 ? ce::GradKind::kFloat32
+         : kind == FloatKind::kFloat16 ? ce::GradKind::kFloat16
+                                       : ce::GradKind::kBFloat16;
+}
+
 template <class IdT>
 void run_c_embedding_case(FloatKind kind, int64_t rows, int64_t width, int64_t start, int64_t vocab, int64_t n) {
   const std::string name = std::string(kind_name(kind)) + (sizeof(IdT) == 8 ? " int64" : " int32") + " rows " +
@@ -574,7 +581,7 @@ void run_c_embedding_case(FloatKind kind, int64_t rows, int64_t width, int64_t s
   }
   bool ok = out == expect;
   std::vector<char> grad(rows * row_bytes);
-  ce::backward_cpu(kind, grad_out.data(), ids.data(), n, rows, width, start, grad.data());
+  ce::backward_cpu(grad_kind(kind), grad_out.data(), ids.data(), n, rows, width, start, grad.data());
   const std::vector<float> g = to_floats(grad_out, kind);
   std::vector<double> ref(rows * width, 0.0);
   for (int64_t i = 0; i < n; ++i) {
