@@ -48,12 +48,11 @@ import importlib
 from paddle_ext import compat
 from paddle_ext.ops import _library
 from paddle_ext.ops import flash_attention_packed as packed
-from paddle_ext.ops._checks import InvalidArgumentError, UnsupportedDtypeError
 from paddle_ext.ops.attention_scores import calc_reduced_attention_scores as plugin_reduced_scores
 from paddle_ext.ops.flash_attention import flash_attention as plugin_flash_attention
 from paddle_ext.ops.flash_attention import flash_attn_unpadded as plugin_flash_attn_unpadded
 from paddle_ext.ops.flashmask import flashmask_attention as plugin_flashmask_attention
-from paddle_ext.patches._unit import Patcher, PatchUnit
+from paddle_ext.patches._unit import Patcher, PatchUnit, plugin_else_paddle
 
 MODULE = "paddle.nn.functional.flash_attention"
 NAMES = ("flash_attention", "flash_attn_unpadded")
@@ -75,24 +74,6 @@ def _plugin_builds_static() -> bool:
     return compat.in_dynamic_mode() or compat.device_build() == "cpu"
 
 
-# What the plugin's argument checks (and its kernels' own) raise for a call they refuse.
-_REFUSALS = (InvalidArgumentError, UnsupportedDtypeError)
-
-
-def _plugin_else_paddle(plugin_call, paddle_call):
-    """plugin_call's result; where the plugin refuses the call, paddle_call's (Paddle's
-    own function, unchanged), and the plugin's error only when Paddle refuses it too.
-    The refusals come from checks that run before any op is run or appended, so
-    nothing is computed twice and a static program gets only Paddle's ops."""
-    try:
-        return plugin_call()
-    except _REFUSALS as refusal:
-        try:
-            return paddle_call()
-        except Exception:
-            raise refusal from None
-
-
 def _flash_attention_3x(original):
     @functools.wraps(original)
     def flash_attention(query, key, value, dropout=0.0, causal=False, return_softmax=False, *,
@@ -107,7 +88,7 @@ def _flash_attention_3x(original):
 
         if not _plugin_builds_static():  # static graphs on GPU builds
             return paddle_call()
-        return _plugin_else_paddle(
+        return plugin_else_paddle(
             lambda: plugin_flash_attention(query, key, value, dropout, causal, return_softmax,
                                            fixed_seed_offset=fixed_seed_offset, rng_name=rng_name,
                                            training=training, name=name, softmax_scale=softmax_scale),
@@ -126,7 +107,7 @@ def _flash_attn_unpadded(original):
                 causal, return_softmax, fixed_seed_offset, rng_name, training, name)
         if not _plugin_builds_static():
             return original(*args)
-        return _plugin_else_paddle(lambda: plugin_flash_attn_unpadded(*args), lambda: original(*args))
+        return plugin_else_paddle(lambda: plugin_flash_attn_unpadded(*args), lambda: original(*args))
 
     flash_attn_unpadded.__paddle_ext_unit__ = "flash_attention"
     return flash_attn_unpadded
@@ -142,7 +123,7 @@ def _flash_attn_qkvpacked(original):
 
         if not _plugin_builds_static():  # GPU builds' static programs
             return paddle_call()
-        return _plugin_else_paddle(
+        return plugin_else_paddle(
             lambda: packed.flash_attn_qkvpacked(qkv, dropout, causal, return_softmax,
                                                 fixed_seed_offset=fixed_seed_offset, rng_name=rng_name,
                                                 training=training, name=name),
@@ -161,7 +142,7 @@ def _flash_attn_varlen_qkvpacked(original):
                 return_softmax, fixed_seed_offset, rng_name, varlen_padded, training, name)
         if not _plugin_builds_static():
             return original(*args)
-        return _plugin_else_paddle(lambda: packed.flash_attn_varlen_qkvpacked(*args), lambda: original(*args))
+        return plugin_else_paddle(lambda: packed.flash_attn_varlen_qkvpacked(*args), lambda: original(*args))
 
     flash_attn_varlen_qkvpacked.__paddle_ext_unit__ = "flash_attention"
     return flash_attn_varlen_qkvpacked
@@ -172,7 +153,7 @@ def _calc_reduced_attention_scores(original):
     def calc_reduced_attention_scores(query, key, softmax_lse):
         if not _plugin_builds_static():
             return original(query, key, softmax_lse)
-        return _plugin_else_paddle(lambda: plugin_reduced_scores(query, key, softmax_lse),
+        return plugin_else_paddle(lambda: plugin_reduced_scores(query, key, softmax_lse),
                                    lambda: original(query, key, softmax_lse))
 
     calc_reduced_attention_scores.__paddle_ext_unit__ = "flash_attention"
@@ -196,7 +177,7 @@ def _flashmask_attention(original):
 
         if not plugin:
             return paddle_call()
-        return _plugin_else_paddle(
+        return plugin_else_paddle(
             lambda: plugin_flashmask_attention(query, key, value, startend_row_indices, **kwargs), paddle_call)
 
     flashmask_attention.__paddle_ext_unit__ = "flash_attention"
