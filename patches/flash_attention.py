@@ -74,6 +74,17 @@ def _plugin_builds_static() -> bool:
     return compat.in_dynamic_mode() or compat.device_build() == "cpu"
 
 
+def _gpu_kernel_else_plugin(plugin_call, paddle_call):
+    """For the names Paddle serves with GPU kernels only (flash_attn_unpadded, the
+    varlen packed one, calc_reduced_attention_scores, flashmask_attention): in
+    dynamic mode plugin_else_paddle (Paddle's GPU kernel may take what the plugin
+    refuses); in a static program (here on CPU builds only) Paddle's op would have
+    no kernel to run, so the plugin's error stands while the program is built."""
+    if compat.in_dynamic_mode():
+        return plugin_else_paddle(plugin_call, paddle_call)
+    return plugin_call()
+
+
 def _flash_attention_3x(original):
     @functools.wraps(original)
     def flash_attention(query, key, value, dropout=0.0, causal=False, return_softmax=False, *,
@@ -107,7 +118,7 @@ def _flash_attn_unpadded(original):
                 causal, return_softmax, fixed_seed_offset, rng_name, training, name)
         if not _plugin_builds_static():
             return original(*args)
-        return plugin_else_paddle(lambda: plugin_flash_attn_unpadded(*args), lambda: original(*args))
+        return _gpu_kernel_else_plugin(lambda: plugin_flash_attn_unpadded(*args), lambda: original(*args))
 
     flash_attn_unpadded.__paddle_ext_unit__ = "flash_attention"
     return flash_attn_unpadded
@@ -142,7 +153,8 @@ def _flash_attn_varlen_qkvpacked(original):
                 return_softmax, fixed_seed_offset, rng_name, varlen_padded, training, name)
         if not _plugin_builds_static():
             return original(*args)
-        return plugin_else_paddle(lambda: packed.flash_attn_varlen_qkvpacked(*args), lambda: original(*args))
+        return _gpu_kernel_else_plugin(lambda: packed.flash_attn_varlen_qkvpacked(*args),
+                                       lambda: original(*args))
 
     flash_attn_varlen_qkvpacked.__paddle_ext_unit__ = "flash_attention"
     return flash_attn_varlen_qkvpacked
@@ -153,8 +165,8 @@ def _calc_reduced_attention_scores(original):
     def calc_reduced_attention_scores(query, key, softmax_lse):
         if not _plugin_builds_static():
             return original(query, key, softmax_lse)
-        return plugin_else_paddle(lambda: plugin_reduced_scores(query, key, softmax_lse),
-                                   lambda: original(query, key, softmax_lse))
+        return _gpu_kernel_else_plugin(lambda: plugin_reduced_scores(query, key, softmax_lse),
+                                       lambda: original(query, key, softmax_lse))
 
     calc_reduced_attention_scores.__paddle_ext_unit__ = "flash_attention"
     return calc_reduced_attention_scores
@@ -177,7 +189,7 @@ def _flashmask_attention(original):
 
         if not plugin:
             return paddle_call()
-        return plugin_else_paddle(
+        return _gpu_kernel_else_plugin(
             lambda: plugin_flashmask_attention(query, key, value, startend_row_indices, **kwargs), paddle_call)
 
     flashmask_attention.__paddle_ext_unit__ = "flash_attention"

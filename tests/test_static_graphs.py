@@ -199,3 +199,14 @@ def test_static_backward_with_one_of_qkv_frozen(enabled, frozen):
     for name, a, b in zip([f"out{i}" for i in range(len(outs))] + [f"d{n}" for n in leaves], got,
                           [o.numpy() for o in want_outs] + [g.numpy() for g in want]):
         np.testing.assert_array_equal(a, b, err_msg=name)
+
+
+def test_static_program_gets_the_plugins_error_where_paddle_has_no_cpu_kernel(enabled):
+    """flash_attn_unpadded has no CPU kernel in Paddle: a call the plugin refuses stays
+    refused while the program is built (not handed to an op that cannot run)."""
+    paddle.enable_static()
+    with paddle.static.program_guard(paddle.static.Program(), paddle.static.Program()):
+        x = paddle.static.data("x", [6, 2, 32], "float32")
+        cu = paddle.static.data("cu", [2], "int32")
+        with pytest.raises(ValueError, match=r"max_seqlen_q must be >= 0, got -1"):
+            _fa().flash_attn_unpadded(x, x, x, cu, cu, -1, 6, 0.1)
