@@ -557,3 +557,31 @@ def pipeline_layer_supports_v() -> bool:
     import inspect
 
     return "use_dualpipev" in inspect.signature(pipeline_layer_class().__init__).parameters
+
+
+# --- custom ops' gradients in legacy static programs ------------------------------------
+
+def legacy_static_grad_inputs(*tensors: Any) -> tuple:
+    """The tensors a custom op with one gradient per input (flash attention's q, k, v)
+    should take. In a legacy static program (2.6, or 3.x with FLAGS_enable_pir_api off),
+    when some of them have stop_gradient=True and others not, Paddle's backward leaves the
+    frozen ones' gradients out of the grad op, and its custom-op shape inference (our
+    InferShapeFn or its default) fails on the missing output ("The iutput(Q@GRAD) should
+    hold only one element, but now it holds 0 elements"). So each frozen one goes in
+    as a copy (paddle.assign) that wants a gradient: the grad op then has all its outputs,
+    and the copy's gradient stops there, since the copied variable wants none. Eager mode,
+    PIR programs and calls with no mix: the tensors as they are."""
+    if in_dynamic_mode() or in_pir_mode():
+        return tensors
+    flags = [bool(t.stop_gradient) for t in tensors]
+    if all(flags) or not any(flags):
+        return tensors
+    import paddle
+
+    out = []
+    for t, frozen in zip(tensors, flags):
+        if frozen:
+            t = paddle.assign(t)
+            t.stop_gradient = False
+        out.append(t)
+    return tuple(out)
