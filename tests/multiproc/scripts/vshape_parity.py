@@ -16,8 +16,12 @@ With `overlap` (third argument) the model is examples/overlap_gpt.py's, which de
 overlapped_forward_backward: dualpipev's F&B pairs run through it (schedule nodes, each
 backward whole), untied (Paddle's V segmentation takes no SharedLayerDesc).
 
-Usage: vshape_parity.py PP KIND:M:TIED:DELAY[:P2P][,...] [overlap]   (TIED, DELAY, P2P: 0 or 1;
-P2P: pp_configs.overlap_p2p_comm, the transfers on communication threads)
+Usage: vshape_parity.py PP KIND:M:TIED:DELAY[:P2P[:OVERLAP[:VARY]]][,...] [overlap]   (TIED, DELAY,
+P2P, OVERLAP, VARY: 0 or 1; P2P: pp_configs.overlap_p2p_comm, the transfers on communication
+threads; OVERLAP: this config on the overlap_gpt model, as `overlap` does for every config;
+VARY: the second step's batch has half the sequence length, so every activation the ranks
+exchange changes shape between steps, under the engine's dynamic_shape, which
+pp_configs.enable_dynamic_shape sets)
 """
 
 import sys
@@ -50,7 +54,7 @@ def close(what, got, want, exact):
     assert diff <= TOL * scale, f"{what}: relative diff {diff / scale:.3g} > {TOL}"
 
 
-def run(hcg, kind, m, tied, delay, via_fleet, overlap=False, p2p=False):
+def run(hcg, kind, m, tied, delay, via_fleet, overlap=False, p2p=False, vary=False):
     pp, stage = hcg.get_pipe_parallel_world_size(), hcg.get_stage_id()
     paddle.seed(0)
     if overlap:
@@ -75,14 +79,16 @@ def run(hcg, kind, m, tied, delay, via_fleet, overlap=False, p2p=False):
         opt = fleet.distributed_optimizer(paddle.optimizer.Adam(1e-2, parameters=model.parameters()))
     else:
         engine = PipelineEngine(model, hcg, PipelineSettings(m, MBS, delay_scale_loss=delay, kind=kind,
-                                                             overlap_p2p=p2p))
+                                                             overlap_p2p=p2p, dynamic_shape=vary))
         opt = paddle.optimizer.Adam(1e-2, parameters=model.parameters())
     recorder = GradRecorder(opt, mine)
     ref_opt = paddle.optimizer.Adam(1e-2, parameters=ref.parameters())
     exact = not tied  # the tied weight's sum order differs (module docstring)
     tag = f"pp={pp} {kind} M={m} tied={tied} delay_scale_loss={delay} overlap_model={overlap} p2p={p2p}"
+    if vary:
+        tag += f" seq={SEQ},{SEQ // 2},{SEQ}"
     for step in range(STEPS):
-        ids, labels = batch(step, m * MBS, SEQ, VOCAB)
+        ids, labels = batch(step, m * MBS, SEQ // 2 if vary and step == 1 else SEQ, VOCAB)
         loss = engine.train_batch([ids, labels], recorder)
         ref_loss = paddle.zeros([])
         for mb in range(m):
@@ -129,10 +135,10 @@ def main():
     pp = int(sys.argv[1])
     configs = []
     for item in sys.argv[2].split(","):
-        kind, m, tied, delay, *p2p = item.split(":")
-        configs.append((kind, int(m), tied == "1", delay == "1", p2p == ["1"]))
-    overlap = len(sys.argv) > 3 and sys.argv[3] == "overlap"
-    kind0, m0, _, delay0, _ = configs[0]
+        kind, m, tied, delay, *rest = item.split(":") + ["0", "0", "0"]
+        configs.append((kind, int(m), tied == "1", delay == "1", *(flag == "1" for flag in rest[:3])))
+    overlap_all = len(sys.argv) > 3 and sys.argv[3] == "overlap"
+    kind0, m0, _, delay0, *_ = configs[0]
     pp_configs = {"delay_scale_loss": delay0}
     if kind0 == "dualpipev":
         pp_configs["use_dualpipev"] = True
@@ -144,8 +150,9 @@ def main():
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": pp, "pp_configs": pp_configs}
     fleet.init(is_collective=True, strategy=strategy)
     hcg = fleet.get_hybrid_communicate_group()
-    for i, (kind, m, tied, delay, p2p) in enumerate(configs):
-        run(hcg, kind, m, tied and not overlap, delay, via_fleet=(i == 0), overlap=overlap, p2p=p2p)
+    for i, (kind, m, tied, delay, p2p, overlap, vary) in enumerate(configs):
+        overlap = overlap or overlap_all
+        run(hcg, kind, m, tied and not overlap, delay, via_fleet=(i == 0), overlap=overlap, p2p=p2p, vary=vary)
     print(f"rank {hcg.get_stage_id()}: all configs passed", flush=True)
 
 
