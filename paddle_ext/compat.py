@@ -547,7 +547,8 @@ def mkl_loaded() -> bool:
 def pipeline_is_v(layers: Any) -> bool:
     """True for a PipelineLayer segmented for the V placement: Paddle 3.3's
     PipelineLayer(use_dualpipev=True) holds stages r and 2*pp-1-r in _model_chunks[0]
-    and [1] (get_num_virtual_stages() stays 1)."""
+    and [1] (get_num_virtual_stages() stays 1); the plugin's VPipelineLayer
+    (pipeline/v_layer.py, any release) the same, with get_num_virtual_stages() 2."""
     return bool(getattr(layers, "_use_dualpipev", False))
 
 
@@ -557,3 +558,15 @@ def pipeline_layer_supports_v() -> bool:
     import inspect
 
     return "use_dualpipev" in inspect.signature(pipeline_layer_class().__init__).parameters
+
+
+def upstream_local_shared_layer_desc_class() -> Any:
+    """Paddle's LocalSharedLayerDesc (3.3+: a weight tied within one rank of a V layer),
+    or None on releases without it (pipeline/v_layer.py has the plugin's)."""
+    try:
+        from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import (
+            LocalSharedLayerDesc,
+        )
+    except ImportError:
+        return None
+    return LocalSharedLayerDesc
