@@ -30,7 +30,7 @@ CONFIGS = {2: "dualpipev:1:1:0,dualpipev:2:0:1,dualpipev:6:1:0,zb-v:1:1:1,zb-v:2
               "dualpipev:12:0:0:0:1,dualpipev:5:0:0:0:1,zb-v:4:0:1:0:0:1,dualpipev:8:1:0:0:0:0:1,"
               "zb-v:2:1:1:0:0:0:1"}
 # a Paddle without use_dualpipev (2.6.2 - 3.2): every config on the plugin's VPipelineLayer
-PLUGIN_LAYER_CONFIGS = "dualpipev:4:1:0,zb-v:6:1:1,zb-v:1:0:0,dualpipev:2:0:0:0:0:1"
+PLUGIN_LAYER_CONFIGS = "dualpipev:4:1:0,zb-v:6:1:1,zb-v:1:0:0,dualpipev:2:0:0:0:0:1:1"
 
 
 @needs_native_v
@@ -55,6 +55,7 @@ def test_v_schedules_equal_single_process(pp):
         # the configs on the plugin's VPipelineLayer (eighth field 1)
         built = re.findall(rf"rank {rank}: pp={pp} \S+ M=\d+ .* layer=VPipelineLayer: ", log)
         assert len(built) == sum(c.endswith(":1") and len(c.split(":")) == 8 for c in CONFIGS[pp].split(","))
+        assert f"rank {rank}: local tie across ranks refused" in log, result.describe()
 
 
 @pytest.mark.skipif(compat.pipeline_layer_supports_v(),
@@ -71,6 +72,7 @@ def test_plugin_v_layer_equal_single_process_without_native_v():
         assert f"rank {rank}: all configs passed" in log, result.describe()
         found = re.findall(rf"rank {rank}: pp=2 (\S+) M=(\d+) [^:]*: (?:equal )?(bitwise|within) .*placement=v", log)
         assert [f[:2] for f in found] == [tuple(c.split(":")[:2]) for c in PLUGIN_LAYER_CONFIGS.split(",")]
+        assert f"rank {rank}: local tie across ranks refused" in log, result.describe()
 
 
 @needs_native_v

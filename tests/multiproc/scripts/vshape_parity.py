@@ -159,7 +159,33 @@ def main():
         overlap = overlap or overlap_all
         run(hcg, kind, m, tied and not overlap, delay, via_fleet=(i == 0), overlap=overlap, p2p=p2p, vary=vary,
             builder=builder)
+    if any(c[-1] for c in configs):
+        check_local_tie_across_ranks_refused(hcg)
     print(f"rank {hcg.get_stage_id()}: all configs passed", flush=True)
+
+
+def check_local_tie_across_ranks_refused(hcg):
+    """The plugin's VPipelineLayer refuses a LocalSharedLayerDesc whose uses land on two
+    ranks (here the embedding, rank 0, and a copy after the third block, on rank 1),
+    naming the key and the ranks, on every rank before any collective."""
+    from paddle.distributed.fleet.meta_parallel import LayerDesc
+
+    from examples.tiny_gpt import Block, Embedding, LMLoss
+    from paddle_ext.pipeline.v_layer import local_shared_layer_desc_class, v_pipeline_layer
+
+    local = local_shared_layer_desc_class()
+    args = dict(vocab=VOCAB, hidden=HIDDEN, seq=SEQ, layer_id=0)
+    blocks = [LayerDesc(Block, hidden=HIDDEN, layer_id=i + 1) for i in range(4 * hcg.get_pipe_parallel_world_size())]
+    # two blocks a stage: the copy after the third block is in stage 1, on rank 1
+    descs = [local("embed", Embedding, shared_weight_attr="embedding_weight", **args), *blocks[:3],
+             local("embed", Embedding, shared_weight_attr="embedding_weight", **args), *blocks[3:]]
+    try:
+        v_pipeline_layer(descs, topology=hcg.topology(), loss_fn=LMLoss(), seg_method="layer:Block", native=False)
+    except ValueError as e:
+        assert "LocalSharedLayerDesc 'embed'" in str(e) and "ranks [0, 1]" in str(e), e
+    else:
+        raise AssertionError("a LocalSharedLayerDesc on ranks 0 and 1 was accepted")
+    print(f"rank {hcg.get_stage_id()}: local tie across ranks refused", flush=True)
 
 
 if __name__ == "__main__":
