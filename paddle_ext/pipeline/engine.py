@@ -105,7 +105,7 @@ def check_schedule_kind(settings: PipelineSettings, vpp: int, placement: str = "
     if base in V_KINDS and placement != "v":
         raise ValueError(f"pp_configs.schedule_mode = {mode!r} (or use_dualpipev) runs on the V placement: build "
                          "the PipelineLayer with use_dualpipev=True (Paddle 3.3+), which holds stages r and "
-                         "2*pp-1-r on rank r")
+                         "2*pp-1-r on rank r, or with paddle_ext.pipeline.v_layer.v_pipeline_layer (any release)")
     if placement == "v" and base not in V_KINDS:
         raise ValueError(f"pp_configs.schedule_mode = {mode!r} needs the interleaved placement, but this "
                          "PipelineLayer is V-segmented (use_dualpipev=True): set pp_configs.use_dualpipev = True "
