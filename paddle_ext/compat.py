@@ -548,8 +548,9 @@ def pipeline_is_v(layers: Any) -> bool:
     """True for a PipelineLayer segmented for the V placement: Paddle 3.3's
     PipelineLayer(use_dualpipev=True) holds stages r and 2*pp-1-r in _model_chunks[0]
     and [1] (get_num_virtual_stages() stays 1); the plugin's VPipelineLayer
-    (pipeline/v_layer.py, any release) the same, with get_num_virtual_stages() 2."""
-    return bool(getattr(layers, "_use_dualpipev", False))
+    (pipeline/v_layer.py, any release) the same, with get_num_virtual_stages() 2 (its
+    class attribute _paddle_ext_v marks it and every class made with v_segmented)."""
+    return bool(getattr(layers, "_use_dualpipev", False) or getattr(layers, "_paddle_ext_v", False))
 
 
 def pipeline_layer_supports_v() -> bool:
