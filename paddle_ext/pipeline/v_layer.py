@@ -9,12 +9,15 @@ PipelineLayerChunk) with two of its steps replaced: the segmentation (stages r a
 groups are built from). So everything Paddle does with the chunks (seeds per layer index,
 SharedLayerDesc, recompute, state dicts) stays Paddle's.
 
-Tied weights: a SharedLayerDesc whose uses all land on one rank (the embedding and the
-lm head, both on rank 0 in the V) builds one layer used twice, and Paddle makes no
-group for it; one whose uses land on several ranks gets Paddle's broadcast and gradient
-all-reduce as usual. A LocalSharedLayerDesc (Paddle 3.3's, or `LocalSharedLayerDesc`
-here where Paddle has none) ties a weight on one rank only; here it is that
-SharedLayerDesc, so a LocalSharedLayerDesc whose uses land on two ranks is refused.
+Tied weights (a key whose uses all land on one rank, as the V's embedding and lm head on
+rank 0; every rank rewrites the same descriptions): a LocalSharedLayerDesc builds its
+layer with the first use's weights passed in, as Paddle 3.3 does (one parameter); a
+SharedLayerDesc of the same class is the one layer used again, as Paddle's shared layer;
+one of another class (PaddleFormers' EmbeddingPipe / LMHeadPipe) builds its own layer,
+its weights set from the first's and both given the sum of the two gradients after the
+step, as Paddle ties two ranks (broadcast, then all-reduce). A LocalSharedLayerDesc
+whose uses land on two ranks is refused; a SharedLayerDesc spread over ranks stays
+Paddle's (its groups built from this layer's stage map).
 """
 
 from __future__ import annotations
