@@ -251,6 +251,10 @@ def v_segmented(cls: type) -> type:
     base = compat.pipeline_layer_class()
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise TypeError(f"v_segmented: cls = {cls!r} is not a PipelineLayer subclass")
+    if issubclass(cls, v_pipeline_layer_class()):  # V-segmented already
+        return cls
+    if cls is base:
+        return v_pipeline_layer_class()
     return type(f"{cls.__name__}V", (cls, v_pipeline_layer_class()), {"__module__": cls.__module__})
 
 
