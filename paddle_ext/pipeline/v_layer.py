@@ -168,7 +168,7 @@ def v_pipeline_layer_class() -> type:
             """The ties whose uses all land on one rank, as TiedDescs (on every rank, so the
             descriptions agree); a LocalSharedLayerDesc spread over ranks is refused, a
             SharedLayerDesc spread over ranks stays Paddle's."""
-            layer_desc, shared = _layer_desc_classes()
+            _, shared = _layer_desc_classes()
             local, tied = local_shared_layer_desc_class(), _tied_desc_class()
             uses: dict = {}
             for idx, desc in enumerate(self._layers_desc):
