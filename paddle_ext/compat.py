@@ -547,8 +547,10 @@ def mkl_loaded() -> bool:
 def pipeline_is_v(layers: Any) -> bool:
     """True for a PipelineLayer segmented for the V placement: Paddle 3.3's
     PipelineLayer(use_dualpipev=True) holds stages r and 2*pp-1-r in _model_chunks[0]
-    and [1] (get_num_virtual_stages() stays 1)."""
-    return bool(getattr(layers, "_use_dualpipev", False))
+    and [1] (get_num_virtual_stages() stays 1); the plugin's VPipelineLayer
+    (pipeline/v_layer.py, any release) the same, with get_num_virtual_stages() 2 (its
+    class attribute _paddle_ext_v marks it and every class made with v_segmented)."""
+    return bool(getattr(layers, "_use_dualpipev", False) or getattr(layers, "_paddle_ext_v", False))
 
 
 def pipeline_layer_supports_v() -> bool:
@@ -585,3 +587,13 @@ def legacy_static_grad_inputs(*tensors: Any) -> tuple:
             t.stop_gradient = False
         out.append(t)
     return tuple(out)
+def upstream_local_shared_layer_desc_class() -> Any:
+    """Paddle's LocalSharedLayerDesc (3.3+: a weight tied within one rank of a V layer),
+    or None on releases without it (pipeline/v_layer.py has the plugin's)."""
+    try:
+        from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import (
+            LocalSharedLayerDesc,
+        )
+    except ImportError:
+        return None
+    return LocalSharedLayerDesc
