@@ -587,6 +587,10 @@ def legacy_static_grad_inputs(*tensors: Any) -> tuple:
             t.stop_gradient = False
         out.append(t)
     return tuple(out)
+
+
+# --- V-segmented pipeline layers --------------------------------------------------------
+
 def upstream_local_shared_layer_desc_class() -> Any:
     """Paddle's LocalSharedLayerDesc (3.3+: a weight tied within one rank of a V layer),
     or None on releases without it (pipeline/v_layer.py has the plugin's)."""
