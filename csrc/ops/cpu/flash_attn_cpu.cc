@@ -212,6 +212,8 @@ class Floats {
   float* ptr_ = nullptr;
 };
 
+void pack_sequence(bool transposed, const float* rows, int64_t rs, int64_t lk, int64_t D, float* base);
+
 // Packs every (sequence, kv head) of src (float32 token rows of heads_k * D):
 // transposed (K^T panels) or as row panels, zero beyond the sequence / D. One
 // pass writing each packed element once, in the order it is laid out.
@@ -224,35 +226,7 @@ Floats pack(const Ctx& ctx, const float* src, bool transposed, Slot slot) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t b = t / p.heads_k, kvh = t % p.heads_k;
       const Seq s = seq(p, b);
-      const int64_t lk_pad = round_up(s.lk, kPanel), d_pad = round_up(D, kPanel);
-      float* base = dst + ctx.pack_base(b, kvh);
-      if (transposed) {  // panel of keys j0 .. j0 + 15: D x 16
-        // Written in order, reading the panel's 16 key rows side by side
-        // (16 cache lines, each used for 16 consecutive d).
-        const std::vector<float> zeros(static_cast<size_t>(D), 0.f);
-        for (int64_t j0 = 0; j0 < lk_pad; j0 += kPanel) {
-          const float* rows[kPanel];
-          for (int64_t jj = 0; jj < kPanel; ++jj)
-            rows[jj] = j0 + jj < s.lk ? src + (s.k0 + j0 + jj) * k_rs + kvh * D : zeros.data();
-          float* out = base + j0 * D;
-          for (int64_t d = 0; d < D; ++d, out += kPanel)
-            for (int64_t jj = 0; jj < kPanel; ++jj) out[jj] = rows[jj][d];
-        }
-        // columns D .. d_pad of the row panels' layout do not exist here: K^T
-        // panels hold D rows, and the rest of the (b, kvh) slot is unused
-        std::fill(base + lk_pad * D, base + lk_pad * d_pad, 0.f);
-      } else {  // panel n: lk_pad x 16, columns n * 16 .. n * 16 + 15
-        for (int64_t j = 0; j < lk_pad; ++j) {
-          const float* row = j < s.lk ? src + (s.k0 + j) * k_rs + kvh * D : nullptr;
-          for (int64_t n0 = 0; n0 < d_pad; n0 += kPanel) {
-            float* out = base + (n0 / kPanel) * lk_pad * kPanel + j * kPanel;
-            const int64_t w = row != nullptr ? std::min<int64_t>(kPanel, D - n0) : 0;
-            // 16 floats at most: a plain loop, not a memcpy call per chunk
-            for (int64_t c = 0; c < w; ++c) out[c] = row[n0 + c];
-            for (int64_t c = w; c < kPanel; ++c) out[c] = 0.f;
-          }
-        }
-      }
+      pack_sequence(transposed, src + s.k0 * k_rs + kvh * D, k_rs, s.lk, D, dst + ctx.pack_base(b, kvh));
     }
   });
   return packed;
@@ -404,6 +378,11 @@ struct VecGeneric {
   struct T {
     float v[8];
   };
+  // c[i * c_rs + r] = a[r * a_rs + i], r, i < 8
+  static void transpose8(const float* a, int64_t a_rs, float* c, int64_t c_rs) {
+    for (int r = 0; r < 8; ++r)
+      for (int i = 0; i < 8; ++i) c[i * c_rs + r] = a[r * a_rs + i];
+  }
   static T zero() { return set1(0.f); }
   static T set1(float x) {
     T r;
@@ -522,6 +501,26 @@ struct VecAvx2 {
       _mm256_storeu_ps(z + 8 * b, _mm256_and_ps(_mm256_castsi256_ps(keep), inv));
     }
   }
+  // c[i * c_rs + r] = a[r * a_rs + i], r, i < 8: unpack pairs, then 64-bit
+  // shuffles, then 128-bit halves.
+  static void transpose8(const float* a, int64_t a_rs, float* c, int64_t c_rs) {
+    __m256 r[8], t[8];
+    for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(a + i * a_rs);
+    for (int i = 0; i < 8; i += 2) {
+      t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+      t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+    }
+    for (int i = 0; i < 8; i += 4) {
+      r[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+      r[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+      r[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+      r[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+    }
+    for (int i = 0; i < 4; ++i) {
+      _mm256_storeu_ps(c + i * c_rs, _mm256_permute2f128_ps(r[i], r[i + 4], 0x20));
+      _mm256_storeu_ps(c + (i + 4) * c_rs, _mm256_permute2f128_ps(r[i], r[i + 4], 0x31));
+    }
+  }
   static T zero() { return _mm256_setzero_ps(); }
   static T set1(float x) { return _mm256_set1_ps(x); }
   static T load(const float* p) { return _mm256_loadu_ps(p); }
@@ -611,6 +610,13 @@ void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk, int64_
   if (use_avx2()) return avx2::backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, dq_acc, prep, scratch);
 #endif
   generic::backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, dq_acc, prep, scratch);
+}
+
+void pack_sequence(bool transposed, const float* rows, int64_t rs, int64_t lk, int64_t D, float* base) {
+#if defined(PADDLE_EXT_FA_X86)
+  if (use_avx2()) return avx2::pack_sequence(transposed, rows, rs, lk, D, base);
+#endif
+  generic::pack_sequence(transposed, rows, rs, lk, D, base);
 }
 
 }  // namespace
