@@ -27,6 +27,10 @@
 // (packing, scratch) is kept small, since it weighs twice as much per FLOP on
 // causal attention's half-size quadratic part.
 //
+// FlashMask: tiles the mask hides entirely are skipped, partly hidden ones
+// masked element by element; a mask that is only documents runs as
+// variable-length attention over them (split_documents).
+//
 // float16 / bfloat16 inputs are converted to float32 once (linear memory) and
 // computed in float32. The vectorised code exists twice: for AVX2+FMA (chosen
 // at run time with __builtin_cpu_supports) and for the portable baseline.
