@@ -23,9 +23,13 @@ minus the RSS before it.
 Then (--flashmask-seq, default 4096) FlashMask with a causal document mask of
 2 and 8 equal documents against plain causal attention at that S: time per
 unmasked FLOP (the visible pairs, counted like causal's) as a ratio to plain
-causal's (target <= 1.2: tiles the mask hides are skipped), and the same for
-the documents run as separate causal sequences (batch = documents): what
-short attention costs per FLOP without any mask.
+causal's (target <= 1.2), and the same for the documents run as separate
+causal sequences (batch = documents): what short attention costs per FLOP
+without any mask. The kernel reads such a mask as documents and runs them as
+variable-length attention (no tile straddles a document end; other masks are
+tiled, hidden tiles skipped), so the two columns should agree; what remains
+above 1 is short causal attention's own cost (diagonal tiles, per-block and
+per-call work weigh more on a small quadratic part).
 
 Run: python bench/flash_attn_cpu.py [--seqs 512,1024,2048,4096] [--threads 1,2]
      [--repeats 5] [--torch-python /path/to/python] [--memory-seq 4096]

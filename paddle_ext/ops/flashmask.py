@@ -12,7 +12,9 @@ window_size (w or (left, right)) builds that mask for a sliding window, as
 Paddle does. Causal is aligned top-left (query i sees keys j <= i), as
 Paddle's kernel. The kernel skips every (query block, key block) tile the mask
 covers entirely, so the cost follows the unmasked area; partly covered tiles
-are masked element by element.
+are masked element by element. A mask that only cuts the sequence into
+documents (packed training sequences) runs as variable-length attention over
+the documents instead, without the mask (not with dropout).
 
 Beyond Paddle's FlashAttention-2 path: float32 inputs and softmax_scale (its
 FA2 path asserts softmax_scale is None). block_mask (FlashMask v3, sm >= 90

@@ -228,6 +228,39 @@ inline void pack_block_rows(const float* src, int64_t src_rs, int64_t rows, int6
   }
 }
 
+// One (sequence, kv head) of K or V, rows [0, lk) at rows + j * rs (D floats,
+// D a multiple of kW), into its packed slot `base` (see Ctx): transposed,
+// panels of 16 keys as D x 16 (8 x 8 register transposes); otherwise panels
+// of 16 columns as lk' x 16. Zero beyond lk and D. Vectorised: with scalar
+// gathers and stores this took about a tenth of a causal forward at S = 512,
+// whose quadratic part is small.
+inline void pack_sequence(bool transposed, const float* rows, int64_t rs, int64_t lk, int64_t D, float* base) {
+  const int64_t lk_pad = panel_width(lk), d_pad = panel_width(D);
+  if (transposed) {
+    for (int64_t j0 = 0; j0 < lk_pad; j0 += kPanel) {
+      float* out = base + j0 * D;
+      if (j0 + kPanel <= lk) {
+        for (int64_t half = 0; half < kPanel; half += kW)
+          for (int64_t d0 = 0; d0 < D; d0 += kW) V::transpose8(rows + (j0 + half) * rs + d0, rs, out + d0 * kPanel + half, kPanel);
+      } else {
+        for (int64_t d = 0; d < D; ++d)
+          for (int64_t jj = 0; jj < kPanel; ++jj) out[d * kPanel + jj] = j0 + jj < lk ? rows[(j0 + jj) * rs + d] : 0.f;
+      }
+    }
+    // columns D .. d_pad of the row panels' layout do not exist here: K^T
+    // panels hold D rows, and the rest of the (b, kvh) slot is unused
+    std::fill(base + lk_pad * D, base + lk_pad * d_pad, 0.f);
+    return;
+  }
+  for (int64_t n0 = 0; n0 < d_pad; n0 += kPanel) {  // panel n0 / 16: lk' x 16, columns n0 .. n0 + 15
+    float* out = base + (n0 / kPanel) * lk_pad * kPanel;
+    for (int64_t j = 0; j < lk_pad; ++j, out += kPanel) {
+      for (int64_t c = 0; c < kPanel; c += kW)
+        V::store(out + c, j < lk && n0 + c < D ? V::load(rows + j * rs + n0 + c) : V::zero());
+    }
+  }
+}
+
 // Queries [i0, i0 + rows) of sequence b, query head h: out rows and lse.
 inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, float* scratch) {
   const Problem& p = ctx.p;
