@@ -134,3 +134,15 @@ def test_unset_overlap_p2p_comm_is_threads_on_gloo_and_off_elsewhere():
     assert default_overlap_p2p({0: Group(ProcessGroupGloo()), 2: Group(ProcessGroupGloo())}) is True
     assert default_overlap_p2p({1: Group(ProcessGroupNCCL())}) is False
     assert default_overlap_p2p({0: Group(ProcessGroupGloo()), 2: Group(ProcessGroupNCCL())}) is False
+
+
+def test_unset_overlap_p2p_comm_keeps_the_v_placement_on_the_compute_thread():
+    from paddle_ext.pipeline.runtime.transport import default_overlap_p2p
+
+    class ProcessGroupGloo:
+        process_group = None
+
+    group = ProcessGroupGloo()
+    group.process_group = ProcessGroupGloo()
+    assert default_overlap_p2p({1: group}, "interleaved") is True
+    assert default_overlap_p2p({1: group}, "v") is False

@@ -148,7 +148,8 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         self._check_accumulate_steps(self.accumulate_steps)
         neighbours = neighbour_groups(hcg)
         if settings.overlap_p2p is None:  # unset: the backend's default (runtime/transport.py)
-            settings = self.settings = dataclasses.replace(settings, overlap_p2p=default_overlap_p2p(neighbours))
+            threads = default_overlap_p2p(neighbours, self.placement)
+            settings = self.settings = dataclasses.replace(settings, overlap_p2p=threads)
         self._p2p = P2P(neighbours)
         self._links: Optional[tuple[P2P, P2P]] = None
         links: list = []

@@ -436,7 +436,8 @@ class Interpreter:
         grads_pending = False
         if prog.is_last(b.chunk):
             backward_input_grads = None
-        elif self.comm is not None and not self.comm.grads_done(b.chunk, b.mb):
+        elif (self.comm is not None and not prog.hands_over(b.chunk + 1)
+              and not self.comm.grads_done(b.chunk, b.mb)):
             # Upstream's contract: the buffers are filled once backward_handle_wait() returns.
             grads_pending = True
             backward_input_grads = self._grads_argument(b.chunk, b.mb,
@@ -479,7 +480,7 @@ class Interpreter:
                 comm.publish_activation(f.chunk, f.mb, output_tensor)
 
         def backward_wait() -> None:
-            if not prog.is_last(b.chunk):
+            if not prog.is_last(b.chunk) and not prog.hands_over(b.chunk + 1):  # a local hand-over has them
                 comm.grads(b.chunk, b.mb)
 
         def backward_send(input_tensor_grad: Any) -> None:

@@ -78,9 +78,12 @@ class PayloadMeta:
 DEFAULT_OVERLAP_P2P = {"gloo": True}
 
 
-def default_overlap_p2p(neighbours: dict[int, Any]) -> bool:
+def default_overlap_p2p(neighbours: dict[int, Any], placement: str = "interleaved") -> bool:
     """overlap_p2p_comm for a pipeline whose links are `neighbours` (peer -> two-rank
-    group), when pp_configs leaves it unset: DEFAULT_OVERLAP_P2P of their backend."""
+    group), when pp_configs leaves it unset: DEFAULT_OVERLAP_P2P of their backend. The V
+    placement (zb-v, dualpipev) keeps the compute thread's transfers: not measured there."""
+    if placement == "v":
+        return False
     backends = {"gloo" if "gloo" in type(g.process_group).__name__.lower() else "other"
                 for g in neighbours.values()}
     return len(backends) == 1 and DEFAULT_OVERLAP_P2P.get(backends.pop(), False)
