@@ -25,8 +25,19 @@ with one chunk per rank and the interleaved kinds with --vpp (at least 2 when th
 mixes them with V kinds), so every kind of one run trains the same model:
 pp * max(vpp, 2) blocks when a V kind is in the run, else pp * vpp.
 
+--p2p picks where the transfers run, each path its own launch in the same ABBA order:
+`default` (no pp_configs key: the engine's choice, communication threads on gloo),
+`blocking` (overlap_p2p_comm False: send/recv on the compute thread, the old default),
+`threads` (overlap_p2p_comm True). Each row then also prints, per rank and step, the
+compute thread's time outside compute (transfers, waits in blocking ones or for a
+receive still in flight, bubble) beside the simulator's compute-only bubble for the
+measured costs, and the median F / B (I / W) per chunk and micro-batch.
+--micro-batch-sizes 4,1 runs everything at each size in turn (the bench's and one 4x
+smaller), each with its own single-process reference.
+
     python bench/pipeline_cpu.py [--pp 2] [--vpp 1] [--microbatches 8] [--hidden 512] [--steps 5]
                                  [--kinds 1f1b,interleaved,zb-h1,zb-v,dualpipev --vpp 2]
+                                 [--p2p default,blocking] [--micro-batch-sizes 4,1]
 """
 
 from __future__ import annotations
