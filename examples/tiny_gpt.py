@@ -96,31 +96,32 @@ class Head(Embedding):
         return lm_head(self, inputs)
 
 
-def v_pipeline_model(vocab: int, hidden: int, seq: int, blocks: int, pp: int, tied: bool = True):
-    """The model as a PipelineLayer segmented for the V placement (Paddle 3.3's
-    use_dualpipev=True: rank r holds stages r and 2*pp-1-r). Rank 0 holds the embedding
-    and the lm head, so the tie is local (LocalSharedLayerDesc: one parameter); untied,
-    the head is a copy with the same initial weights."""
+def v_pipeline_model(vocab: int, hidden: int, seq: int, blocks: int, pp: int, tied: bool = True,
+                     native: bool | None = None):
+    """The model as a PipelineLayer segmented for the V placement (rank r holds stages r
+    and 2*pp-1-r): Paddle 3.3's use_dualpipev=True where this Paddle has it, else the
+    plugin's VPipelineLayer (native=False forces the plugin's; paddle_ext.pipeline.v_layer).
+    Rank 0 holds the embedding and the lm head, so the tie is local
+    (LocalSharedLayerDesc: one parameter); untied, the head is a copy with the same
+    initial weights."""
     import paddle.distributed.fleet as fleet
-    from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer
-    from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import (
-        LocalSharedLayerDesc,
-    )
+    from paddle.distributed.fleet.meta_parallel import LayerDesc
 
+    from paddle_ext.pipeline.v_layer import local_shared_layer_desc_class, v_pipeline_layer
+
+    local_shared = local_shared_layer_desc_class()
     args = dict(vocab=vocab, hidden=hidden, seq=seq, layer_id=0)
     if tied:
-        descs = [LocalSharedLayerDesc("embed", Embedding, shared_weight_attr="embedding_weight", **args)]
+        descs = [local_shared("embed", Embedding, shared_weight_attr="embedding_weight", **args)]
     else:
         descs = [LayerDesc(Embedding, **args)]
     descs += [LayerDesc(Block, hidden=hidden, layer_id=i + 1) for i in range(blocks)]
     if tied:
-        descs += [LocalSharedLayerDesc("embed", Embedding, forward_func=lm_head,
-                                       shared_weight_attr="embedding_weight", **args)]
+        descs += [local_shared("embed", Embedding, forward_func=lm_head, shared_weight_attr="embedding_weight", **args)]
     else:
         descs += [LayerDesc(Head, **args)]
     topology = fleet.get_hybrid_communicate_group().topology()
-    return PipelineLayer(layers=descs, topology=topology, loss_fn=LMLoss(), seg_method="layer:Block",
-                         use_dualpipev=True)
+    return v_pipeline_layer(descs, topology=topology, loss_fn=LMLoss(), seg_method="layer:Block", native=native)
 
 
 class Reference(nn.Layer):

@@ -547,8 +547,10 @@ def mkl_loaded() -> bool:
 def pipeline_is_v(layers: Any) -> bool:
     """True for a PipelineLayer segmented for the V placement: Paddle 3.3's
     PipelineLayer(use_dualpipev=True) holds stages r and 2*pp-1-r in _model_chunks[0]
-    and [1] (get_num_virtual_stages() stays 1)."""
-    return bool(getattr(layers, "_use_dualpipev", False))
+    and [1] (get_num_virtual_stages() stays 1); the plugin's VPipelineLayer
+    (pipeline/v_layer.py, any release) the same, with get_num_virtual_stages() 2 (its
+    class attribute _paddle_ext_v marks it and every class made with v_segmented)."""
+    return bool(getattr(layers, "_use_dualpipev", False) or getattr(layers, "_paddle_ext_v", False))
 
 
 def pipeline_layer_supports_v() -> bool:
@@ -557,3 +559,45 @@ def pipeline_layer_supports_v() -> bool:
     import inspect
 
     return "use_dualpipev" in inspect.signature(pipeline_layer_class().__init__).parameters
+
+
+# --- custom ops' gradients in legacy static programs ------------------------------------
+
+def legacy_static_grad_inputs(*tensors: Any) -> tuple:
+    """The tensors a custom op with one gradient per input (flash attention's q, k, v)
+    should take. In a legacy static program (2.6, or 3.x with FLAGS_enable_pir_api off),
+    when some of them have stop_gradient=True and others not, Paddle's backward leaves the
+    frozen ones' gradients out of the grad op, and its custom-op shape inference (our
+    InferShapeFn or its default) fails on the missing output ("The iutput(Q@GRAD) should
+    hold only one element, but now it holds 0 elements"). So each frozen one goes in
+    as a copy (paddle.assign) that wants a gradient: the grad op then has all its outputs,
+    and the copy's gradient stops there, since the copied variable wants none. Eager mode,
+    PIR programs and calls with no mix: the tensors as they are."""
+    if in_dynamic_mode() or in_pir_mode():
+        return tensors
+    flags = [bool(t.stop_gradient) for t in tensors]
+    if all(flags) or not any(flags):
+        return tensors
+    import paddle
+
+    out = []
+    for t, frozen in zip(tensors, flags):
+        if frozen:
+            t = paddle.assign(t)
+            t.stop_gradient = False
+        out.append(t)
+    return tuple(out)
+
+
+# --- V-segmented pipeline layers --------------------------------------------------------
+
+def upstream_local_shared_layer_desc_class() -> Any:
+    """Paddle's LocalSharedLayerDesc (3.3+: a weight tied within one rank of a V layer),
+    or None on releases without it (pipeline/v_layer.py has the plugin's)."""
+    try:
+        from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import (
+            LocalSharedLayerDesc,
+        )
+    except ImportError:
+        return None
+    return LocalSharedLayerDesc

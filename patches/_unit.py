@@ -1,4 +1,5 @@
-"""What a patch unit is, and the Patcher that makes every unit revertible."""
+"""What a patch unit is, the Patcher that makes every unit revertible, and
+plugin_else_paddle, the rule by which a unit's wrapper refuses nothing Paddle accepts."""
 
 from __future__ import annotations
 
@@ -59,3 +60,21 @@ class PatchUnit:
     @property
     def upstream_text(self) -> str:
         return ", ".join(f"#{n}" for n in self.upstream)
+
+
+def plugin_else_paddle(plugin_call: Callable[[], Any], paddle_call: Callable[[], Any]) -> Any:
+    """plugin_call's result; where the plugin refuses the call (its argument checks'
+    errors, paddle_ext.ops._checks), paddle_call's: Paddle's own function, unchanged,
+    so enabling the plugin refuses nothing Paddle accepts. The plugin's error is
+    raised only when Paddle refuses the call too (its message names the argument).
+    The checks run before any op is run or appended to a static program, so nothing
+    is computed twice and a program gets only Paddle's ops for such a call."""
+    from paddle_ext.ops._checks import InvalidArgumentError, UnsupportedDtypeError
+
+    try:
+        return plugin_call()
+    except (InvalidArgumentError, UnsupportedDtypeError) as refusal:
+        try:
+            return paddle_call()
+        except Exception:
+            raise refusal from None

@@ -21,6 +21,20 @@ static graphs (paddle.static, to_static) get the plugin's custom ops as well:
 Paddle's flash_attn / flash_attn_unpadded / packed ops have no CPU kernel;
 GPU builds keep Paddle's ops in static programs.
 
+A call the plugin refuses goes to Paddle's own function unchanged, and its
+answer is the call's (the plugin's error is raised only when Paddle refuses
+the call too): enabling the plugin refuses nothing Paddle accepts. On CPU that
+is Paddle's math path for what the plugin's kernel does not take (float64 and
+integer dtypes: the kernel computes in float32 at most; key / value batches
+that broadcast against query's, a value head_dim other than query's, head_dim
+0, 5-D inputs), for dropout=1.0, for an rng_name no generator is registered
+under and a fixed_seed_offset that is not int64 [2] (the math path ignores
+both) and for non-bool flags (causal=1). Paddle's GPU kernels refuse most of
+these (FA2 takes float16 / bfloat16 only), so there the plugin's error stands.
+softmax_scale is the exception the other way: Paddle's CPU math path ignores
+it and its GPU FA2 refuses it (AssertionError); the plugin honours it, as FA3
+does.
+
 Code that imported the functions before enable() (`from
 paddle.nn.functional.flash_attention import flash_attention`) keeps the object
 it imported.
@@ -34,13 +48,11 @@ import importlib
 from paddle_ext import compat
 from paddle_ext.ops import _library
 from paddle_ext.ops import flash_attention_packed as packed
-from paddle_ext.ops._checks import dtype_name
 from paddle_ext.ops.attention_scores import calc_reduced_attention_scores as plugin_reduced_scores
-from paddle_ext.ops.flash_attention import FLOAT_DTYPES as PLUGIN_DTYPES
 from paddle_ext.ops.flash_attention import flash_attention as plugin_flash_attention
 from paddle_ext.ops.flash_attention import flash_attn_unpadded as plugin_flash_attn_unpadded
 from paddle_ext.ops.flashmask import flashmask_attention as plugin_flashmask_attention
-from paddle_ext.patches._unit import Patcher, PatchUnit
+from paddle_ext.patches._unit import Patcher, PatchUnit, plugin_else_paddle
 
 MODULE = "paddle.nn.functional.flash_attention"
 NAMES = ("flash_attention", "flash_attn_unpadded")
@@ -62,24 +74,36 @@ def _plugin_builds_static() -> bool:
     return compat.in_dynamic_mode() or compat.device_build() == "cpu"
 
 
+def _gpu_kernel_else_plugin(plugin_call, paddle_call):
+    """For the names Paddle serves with GPU kernels only (flash_attn_unpadded, the
+    varlen packed one, calc_reduced_attention_scores, flashmask_attention): in
+    dynamic mode plugin_else_paddle (Paddle's GPU kernel may take what the plugin
+    refuses); in a static program (here on CPU builds only) Paddle's op would have
+    no kernel to run, so the plugin's error stands while the program is built."""
+    if compat.in_dynamic_mode():
+        return plugin_else_paddle(plugin_call, paddle_call)
+    return plugin_call()
+
+
 def _flash_attention_3x(original):
     @functools.wraps(original)
     def flash_attention(query, key, value, dropout=0.0, causal=False, return_softmax=False, *,
                         fixed_seed_offset=None, rng_name="", training=True, name=None, softmax_scale=None):
-        if compat.in_dynamic_mode():
-            return plugin_flash_attention(query, key, value, dropout, causal, return_softmax,
-                                          fixed_seed_offset=fixed_seed_offset, rng_name=rng_name,
-                                          training=training, name=name, softmax_scale=softmax_scale)
-        if _plugin_builds_static() and dtype_name(query) in PLUGIN_DTYPES:
-            return plugin_flash_attention(query, key, value, dropout, causal, return_softmax,
-                                          fixed_seed_offset=fixed_seed_offset, rng_name=rng_name,
-                                          training=training, name=name, softmax_scale=softmax_scale)
-        # Static graphs on GPU builds, and dtypes the plugin lacks (float64: Paddle's
-        # CPU math path takes it): Paddle's function; softmax_scale only when set, so
-        # that a release without it (2.6) fails only for a program that uses it.
+        # Paddle's function: softmax_scale only when set, so that a release without
+        # it (2.6) fails only for a call that uses it.
         extra = {} if softmax_scale is None else {"softmax_scale": softmax_scale}
-        return original(query, key, value, dropout, causal, return_softmax, fixed_seed_offset=fixed_seed_offset,
-                        rng_name=rng_name, training=training, name=name, **extra)
+
+        def paddle_call():
+            return original(query, key, value, dropout, causal, return_softmax, fixed_seed_offset=fixed_seed_offset,
+                            rng_name=rng_name, training=training, name=name, **extra)
+
+        if not _plugin_builds_static():  # static graphs on GPU builds
+            return paddle_call()
+        return plugin_else_paddle(
+            lambda: plugin_flash_attention(query, key, value, dropout, causal, return_softmax,
+                                           fixed_seed_offset=fixed_seed_offset, rng_name=rng_name,
+                                           training=training, name=name, softmax_scale=softmax_scale),
+            paddle_call)
 
     flash_attention.__paddle_ext_unit__ = "flash_attention"
     return flash_attention
@@ -90,9 +114,11 @@ def _flash_attn_unpadded(original):
     def flash_attn_unpadded(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                             dropout=0.0, causal=False, return_softmax=False, fixed_seed_offset=None, rng_name="",
                             training=True, name=None):
-        fn = plugin_flash_attn_unpadded if _plugin_builds_static() else original
-        return fn(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, dropout,
-                  causal, return_softmax, fixed_seed_offset, rng_name, training, name)
+        args = (query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, dropout,
+                causal, return_softmax, fixed_seed_offset, rng_name, training, name)
+        if not _plugin_builds_static():
+            return original(*args)
+        return _gpu_kernel_else_plugin(lambda: plugin_flash_attn_unpadded(*args), lambda: original(*args))
 
     flash_attn_unpadded.__paddle_ext_unit__ = "flash_attention"
     return flash_attn_unpadded
@@ -102,12 +128,17 @@ def _flash_attn_qkvpacked(original):
     @functools.wraps(original)
     def flash_attn_qkvpacked(qkv, dropout=0.0, causal=False, return_softmax=False, *, fixed_seed_offset=None,
                              rng_name="", training=True, name=None):
-        if not _plugin_builds_static() or dtype_name(qkv) not in PLUGIN_DTYPES:
-            # GPU builds' static programs, and float64 (Paddle's CPU math path takes it)
+        def paddle_call():
             return original(qkv, dropout, causal, return_softmax, fixed_seed_offset=fixed_seed_offset,
                             rng_name=rng_name, training=training, name=name)
-        return packed.flash_attn_qkvpacked(qkv, dropout, causal, return_softmax, fixed_seed_offset=fixed_seed_offset,
-                                           rng_name=rng_name, training=training, name=name)
+
+        if not _plugin_builds_static():  # GPU builds' static programs
+            return paddle_call()
+        return plugin_else_paddle(
+            lambda: packed.flash_attn_qkvpacked(qkv, dropout, causal, return_softmax,
+                                                fixed_seed_offset=fixed_seed_offset, rng_name=rng_name,
+                                                training=training, name=name),
+            paddle_call)
 
     flash_attn_qkvpacked.__paddle_ext_unit__ = "flash_attention"
     return flash_attn_qkvpacked
@@ -118,9 +149,12 @@ def _flash_attn_varlen_qkvpacked(original):
     def flash_attn_varlen_qkvpacked(qkv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                                     dropout=0.0, causal=False, return_softmax=False, fixed_seed_offset=None,
                                     rng_name="", varlen_padded=True, training=True, name=None):
-        fn = packed.flash_attn_varlen_qkvpacked if _plugin_builds_static() else original
-        return fn(qkv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, dropout, causal,
-                  return_softmax, fixed_seed_offset, rng_name, varlen_padded, training, name)
+        args = (qkv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, dropout, causal,
+                return_softmax, fixed_seed_offset, rng_name, varlen_padded, training, name)
+        if not _plugin_builds_static():
+            return original(*args)
+        return _gpu_kernel_else_plugin(lambda: packed.flash_attn_varlen_qkvpacked(*args),
+                                       lambda: original(*args))
 
     flash_attn_varlen_qkvpacked.__paddle_ext_unit__ = "flash_attention"
     return flash_attn_varlen_qkvpacked
@@ -129,8 +163,10 @@ def _flash_attn_varlen_qkvpacked(original):
 def _calc_reduced_attention_scores(original):
     @functools.wraps(original)
     def calc_reduced_attention_scores(query, key, softmax_lse):
-        fn = plugin_reduced_scores if _plugin_builds_static() else original
-        return fn(query, key, softmax_lse)
+        if not _plugin_builds_static():
+            return original(query, key, softmax_lse)
+        return _gpu_kernel_else_plugin(lambda: plugin_reduced_scores(query, key, softmax_lse),
+                                       lambda: original(query, key, softmax_lse))
 
     calc_reduced_attention_scores.__paddle_ext_unit__ = "flash_attention"
     return calc_reduced_attention_scores
@@ -144,11 +180,17 @@ def _flashmask_attention(original):
                             block_mask=None):
         on_cpu = "cpu" in str(getattr(query, "place", "cpu")).lower()
         plugin = on_cpu if compat.in_dynamic_mode() else compat.device_build() == "cpu"
-        fn = plugin_flashmask_attention if plugin else original
-        return fn(query, key, value, startend_row_indices, dropout=dropout, causal=causal, window_size=window_size,
-                  return_softmax_lse=return_softmax_lse, return_seed_offset=return_seed_offset,
-                  fixed_seed_offset=fixed_seed_offset, rng_name=rng_name, training=training, name=name,
-                  softmax_scale=softmax_scale, block_mask=block_mask)
+        kwargs = dict(dropout=dropout, causal=causal, window_size=window_size, return_softmax_lse=return_softmax_lse,
+                      return_seed_offset=return_seed_offset, fixed_seed_offset=fixed_seed_offset, rng_name=rng_name,
+                      training=training, name=name, softmax_scale=softmax_scale, block_mask=block_mask)
+
+        def paddle_call():
+            return original(query, key, value, startend_row_indices, **kwargs)
+
+        if not plugin:
+            return paddle_call()
+        return _gpu_kernel_else_plugin(
+            lambda: plugin_flashmask_attention(query, key, value, startend_row_indices, **kwargs), paddle_call)
 
     flashmask_attention.__paddle_ext_unit__ = "flash_attention"
     return flashmask_attention

@@ -15,9 +15,11 @@ float16 / bfloat16 kernel; on 2.6.2 no CPU kernel at all. This unit serves, for 
   a float32 CPU forward (3.3.1) float32 keeps Paddle's forward values, bit for
   bit, with gradients from the plugin's backward kernel when an input needs
   them; float16 / bfloat16, and float32 where Paddle has no CPU kernel (2.6.2,
-  whose fused_rms_norm calls _C_ops.rms_norm), run the plugin's kernels. Every other combination (bias or residual to fuse, quant_scale > 0,
-  other dtypes, shapes Paddle refuses) goes to Paddle, which answers or raises
-  as before.
+  whose fused_rms_norm calls _C_ops.rms_norm), run the plugin's kernels. Every
+  other combination (bias or residual to fuse, quant_scale > 0, other dtypes,
+  shapes Paddle refuses), and a call the plugin's checks refuse (an epsilon < 0
+  or NaN, which Paddle's float32 forward takes), goes to Paddle, which answers
+  or raises as before.
 
 The unit patches the functions in paddle._C_ops, which Paddle's Python
 functions look up at each call, so callers that imported
@@ -33,7 +35,7 @@ import functools
 from paddle_ext import compat
 from paddle_ext.ops import _library
 from paddle_ext.ops import rms_norm as plugin
-from paddle_ext.patches._unit import Patcher, PatchUnit
+from paddle_ext.patches._unit import Patcher, PatchUnit, plugin_else_paddle
 
 MARK = "fused_rms_norm"
 OPS = ("pe_rms_norm", "pe_rms_norm_backward")
@@ -102,7 +104,9 @@ def _quant(original):
         from paddle_ext.ops._checks import dtype_name
 
         if dtype_name(x) != "float32" or not _paddle_computes_float32(original):
-            return plugin.fused_rms_norm(x, norm_weight, norm_bias, epsilon, begin_norm_axis)
+            return plugin_else_paddle(
+                lambda: plugin.fused_rms_norm(x, norm_weight, norm_bias, epsilon, begin_norm_axis),
+                lambda: original(*call))
         import paddle
 
         tensors = [t for t in (x, norm_weight, norm_bias) if t is not None]
@@ -114,9 +118,13 @@ def _quant(original):
             outputs.extend(original(*call))
             return outputs[0]
 
-        out = plugin.paddle_forward_with_plugin_backward(paddle_forward, x, norm_weight, norm_bias, epsilon,
-                                                         begin_norm_axis)
-        return (out, *outputs[1:])
+        def plugin_backward():
+            out = plugin.paddle_forward_with_plugin_backward(paddle_forward, x, norm_weight, norm_bias, epsilon,
+                                                             begin_norm_axis)
+            return (out, *outputs[1:])
+
+        # an epsilon the plugin's backward refuses (< 0, NaN): Paddle's forward, without a CPU backward
+        return plugin_else_paddle(plugin_backward, lambda: original(*call))
 
     return fused_rms_norm_quant
 

@@ -10,6 +10,12 @@ HIP kernels, 3.3.1's signature and semantics), in dynamic mode and in static
 graphs (paddle.static, to_static: the plugin's custom op, since Paddle's op has
 no CPU kernel there either).
 
+A call the plugin refuses goes to Paddle's own function in dynamic mode (on a
+GPU, Paddle's kernel takes k / v with a larger batch than q, leaving the rest
+of their output unwritten, and rotary_emb_base <= 0, giving NaN / inf angles;
+on CPU it has no kernel, so the plugin's error stands), as in the
+flash_attention unit (patches/_unit.plugin_else_paddle).
+
 Code that imported the function before enable() (`from
 paddle.incubate.nn.functional import fused_rotary_position_embedding`) keeps
 the object it imported.
@@ -21,9 +27,10 @@ import functools
 import importlib
 import sys
 
+from paddle_ext import compat
 from paddle_ext.ops import _library
 from paddle_ext.ops.rotary import fused_rotary_position_embedding
-from paddle_ext.patches._unit import Patcher, PatchUnit
+from paddle_ext.patches._unit import Patcher, PatchUnit, plugin_else_paddle
 
 PACKAGE = "paddle.incubate.nn.functional"
 MODULE = PACKAGE + ".fused_rotary_position_embedding"
@@ -43,10 +50,24 @@ def _with_3x_signature(original):
     def fused_rotary_position_embedding_3x(q, k=None, v=None, sin=None, cos=None, position_ids=None,
                                            use_neox_rotary_style=True, time_major=False,
                                            rotary_emb_base=10000.0):
-        return fused_rotary_position_embedding(
-            q, k, v, sin=sin, cos=cos, position_ids=position_ids,
-            use_neox_rotary_style=use_neox_rotary_style, time_major=time_major,
-            rotary_emb_base=rotary_emb_base)
+        def plugin_call():
+            return fused_rotary_position_embedding(
+                q, k, v, sin=sin, cos=cos, position_ids=position_ids,
+                use_neox_rotary_style=use_neox_rotary_style, time_major=time_major,
+                rotary_emb_base=rotary_emb_base)
+
+        if not compat.in_dynamic_mode():  # a static program: Paddle's op has no CPU kernel there
+            return plugin_call()
+        # 3.x's arguments only when set, so that 2.6's function fails only for a call that uses them
+        extra = {name: value for name, value, default in (("time_major", time_major, False),
+                                                          ("rotary_emb_base", rotary_emb_base, 10000.0))
+                 if value != default}
+
+        def paddle_call():
+            return original(q, k, v, sin=sin, cos=cos, position_ids=position_ids,
+                            use_neox_rotary_style=use_neox_rotary_style, **extra)
+
+        return plugin_else_paddle(plugin_call, paddle_call)
 
     fused_rotary_position_embedding_3x.__paddle_ext_unit__ = "fused_rotary"
     return fused_rotary_position_embedding_3x

@@ -114,6 +114,44 @@ def test_out_of_range_id_raises_naming_value_position_and_range(bad, where):
     assert "[0, vocab_size) = [0, 10)" in message
 
 
+def test_rows_past_vocab_size_are_looked_up_as_paddles_gpu_kernel_does(clean_series):
+    """start_index + rows > vocab_size: Paddle's kernels take it (its GPU kernel checks
+    only ids in [0, vocab_size); ids in [start_index, start_index + rows) take their row)."""
+    rng = np.random.default_rng(12)
+    table = dyadic(rng, (5, 3))
+    ids = np.array([[8, 9, 7], [0, 6, 9]], dtype="int64")
+    out_grad = dyadic(rng, ids.shape + (3,))
+    stock = _lookup_and_grad(table, ids, out_grad, 6, 10)  # rows hold ids 6..10, vocab_size 10
+    clean_series.enable()
+    ours = _lookup_and_grad(table, ids, out_grad, 6, 10)
+    for got, want, ref in zip(ours, stock, (reference_forward(table, ids, 6),
+                                            reference_grad(5, 3, ids, 6, out_grad))):
+        np.testing.assert_array_equal(got, want)
+        np.testing.assert_array_equal(got, ref)
+    with pytest.raises(IndexError, match=r"ids\[0\] = 10 is out of range: .*\[0, 10\)"):
+        ops.c_embedding(paddle.to_tensor(table), paddle.to_tensor(np.array([10, 8])), start_index=6, vocab_size=10)
+
+
+@pytest.mark.parametrize("vocab_size", [-1, -7])
+def test_negative_vocab_size_checks_nothing(vocab_size):
+    # Paddle's GPU kernel: `vocab_size < 0 || id < vocab_size`
+    table = np.ones((4, 2), dtype="float32")
+    out = ops.c_embedding(paddle.to_tensor(table), paddle.to_tensor(np.array([5, 100, 3])), start_index=3,
+                          vocab_size=vocab_size)
+    np.testing.assert_array_equal(out.numpy(), [[1, 1], [0, 0], [1, 1]])
+
+
+def test_vocab_size_zero_refuses_every_id():
+    table = paddle.to_tensor(np.ones((4, 2), dtype="float32"))
+    with pytest.raises(IndexError, match=r"ids\[0\] = 0 is out of range: .*\[0, 0\)"):
+        ops.c_embedding(table, paddle.to_tensor(np.array([0])), vocab_size=0)
+    from paddle_ext import compat
+
+    if compat.paddle_version() >= (3, 0, 0):  # 2.6's custom-op runner refuses empty outputs
+        empty = ops.c_embedding(table, paddle.to_tensor(np.zeros([0], np.int64)), vocab_size=0)
+        assert empty.shape == [0, 2]
+
+
 def test_first_bad_id_is_reported_for_int32():
     table = paddle.to_tensor(np.ones((5, 2), dtype="float32"))
     ids = paddle.to_tensor(np.array([0, 12, 4, 11], dtype="int32"))
@@ -125,8 +163,7 @@ def test_first_bad_id_is_reported_for_int32():
     "kwargs, error, pattern",
     [
         (dict(start_index=-1), ValueError, r"start_index must be in \[0, inf\], got -1"),
-        (dict(vocab_size=0), ValueError, r"vocab_size must be in \[1, inf\] or one of \[-1\], got 0"),
-        (dict(start_index=8, vocab_size=10), ValueError, r"start_index \+ weight rows must be <= vocab_size"),
+        (dict(vocab_size=1.5), TypeError, r"vocab_size must be an int, got float 1.5"),
         (dict(start_index=1.5), TypeError, r"start_index must be an int"),
     ],
 )

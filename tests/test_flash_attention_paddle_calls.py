@@ -124,3 +124,90 @@ def test_odd_head_dim_in_half_precision(paddle_fa, dtype):
     tol = 2e-3 if dtype == "float16" else 1.5e-2
     check("out", out.astype("float32").numpy()[0], r[0], tol)
     assert dq.dtype == getattr(paddle, dtype) and np.isfinite(dq.astype("float32").numpy()).all()
+
+
+# ------------------------------------------- what the plugin refuses, Paddle answers
+
+def test_float64_is_paddles_math_path_forward_and_grads(paddle_fa):
+    """float64 (stock's CPU math path takes it, the plugin's kernel does not) gets Paddle's
+    own function: its bits, and a float64 reference's values, forward and q/k/v grads."""
+    g = rng(600)
+    b, sq, h, d = 2, 12, 2, 16
+    q, k, v, dout = (g.standard_normal((b, sq, h, d)) for _ in range(4))
+
+    def run(fn):
+        qt, kt, vt = (paddle.to_tensor(a) for a in (q, k, v))
+        for t in (qt, kt, vt):
+            t.stop_gradient = False
+        out, _ = fn(qt, kt, vt, causal=True)
+        grads = paddle.grad([out], [qt, kt, vt], [paddle.to_tensor(dout)])
+        return [out.numpy(), *(t.numpy() for t in grads)]
+
+    ours, stock = run(paddle_fa.flash_attention), run(paddle_fa.flash_attention.__wrapped__)
+    assert ours[0].dtype == np.float64
+    for name, a, s in zip(("out", "dq", "dk", "dv"), ours, stock):
+        np.testing.assert_array_equal(a, s, err_msg=name)
+    refs = [reference(q[i], k[i], v[i], dout[i], d ** -0.5, True) for i in range(b)]
+    for name, got, j in (("out", ours[0], 0), ("dq", ours[1], 2), ("dk", ours[2], 3), ("dv", ours[3], 4)):
+        np.testing.assert_allclose(got, np.stack([r[j] for r in refs]), rtol=1e-10, atol=1e-12, err_msg=name)
+
+
+def _t(shape, dtype="float32", salt=0):
+    return paddle.to_tensor(rng(700 + salt).standard_normal(shape)).astype(dtype)
+
+
+Q = (2, 8, 2, 16)
+F64 = dict(dtype="float64")
+# Calls through Paddle's names that stock Paddle 3.3.1 answers on CPU (its math path)
+# and the plugin's checks refuse: (name, args, kwargs). The plugin must give stock's answer.
+STOCK_ANSWERS = {
+    "float64": ("flash_attention", lambda: (_t(Q, **F64), _t(Q, **F64, salt=1), _t(Q, **F64, salt=2)), {}),
+    "float64 causal return_softmax": ("flash_attention", lambda: (_t(Q, **F64), _t(Q, **F64, salt=1),
+                                                                  _t(Q, **F64, salt=2)),
+                                      dict(causal=True, return_softmax=True)),
+    "float64 dropout": ("flash_attention", lambda: (_t(Q, **F64),) * 3, dict(dropout=0.3)),
+    "float64 dropout training=False": ("flash_attention", lambda: (_t(Q, **F64),) * 3,
+                                       dict(dropout=0.3, training=False)),
+    "float64 fixed_seed_offset rng_name": (
+        "flash_attention", lambda: (_t(Q, **F64),) * 3,
+        dict(fixed_seed_offset=paddle.to_tensor([1, 2], dtype="int64"), rng_name="")),
+    "int32": ("flash_attention", lambda: (_t(Q, "int32"),) * 3, {}),
+    "rng_name not registered": ("flash_attention", lambda: (_t(Q),) * 3, dict(rng_name="no_such_generator")),
+    "fixed_seed_offset int32": ("flash_attention", lambda: (_t(Q),) * 3,
+                                dict(fixed_seed_offset=paddle.to_tensor([1, 2], dtype="int32"))),
+    "dropout=1.0": ("flash_attention", lambda: (_t(Q),) * 3, dict(dropout=1.0)),
+    "causal=1": ("flash_attention", lambda: (_t(Q), _t(Q, salt=1), _t(Q, salt=2)), dict(causal=1)),
+    "training=0": ("flash_attention", lambda: (_t(Q),) * 3, dict(training=0)),
+    "value head_dim 8": ("flash_attention", lambda: (_t(Q), _t(Q, salt=1), _t((2, 8, 2, 8), salt=2)), {}),
+    "head_dim 0": ("flash_attention", lambda: (_t((2, 8, 2, 0)),) * 3, {}),
+    "key batch 1 broadcast": ("flash_attention", lambda: (_t(Q), _t((1, 8, 2, 16), salt=1),
+                                                          _t((1, 8, 2, 16), salt=2)), {}),
+    "packed float64": ("flash_attn_qkvpacked", lambda: (_t((2, 8, 3, 2, 16), **F64),), dict(causal=True)),
+    "packed rng_name not registered": ("flash_attn_qkvpacked", lambda: (_t((2, 8, 3, 2, 16)),),
+                                       dict(rng_name="no_such_generator")),
+    "packed dropout=1.0": ("flash_attn_qkvpacked", lambda: (_t((2, 8, 3, 2, 16)),), dict(dropout=1.0)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(STOCK_ANSWERS))
+def test_plugin_gives_stocks_answer_where_its_kernel_refuses(paddle_fa, case):
+    name, make, kwargs = STOCK_ANSWERS[case]
+    fn = getattr(paddle_fa, name)
+    args = make()
+    paddle.seed(11)
+    stock = fn.__wrapped__(*args, **kwargs)  # Paddle's own function
+    paddle.seed(11)
+    ours = fn(*args, **kwargs)
+    assert len(ours) == len(stock) == 2
+    for got, want in zip(ours, stock):
+        assert (got is None) == (want is None)
+        if want is not None:
+            assert got.dtype == want.dtype and got.shape == want.shape
+            np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_plugin_error_stands_where_paddle_refuses_too(paddle_fa):
+    # float64 key for a float32 query: stock's math path refuses it as well
+    q, kv = _t(Q), _t(Q, "float64")
+    with pytest.raises(TypeError, match=r"key must have query's dtype float32, got float64"):
+        paddle_fa.flash_attention(q, kv, kv)

@@ -331,6 +331,26 @@ def test_uncovered_fused_rms_norm_calls_keep_paddles_answer(case):
         assert stock[1] == patched[1]
 
 
+@pytest.mark.parametrize("epsilon", [-1e-3, float("nan")])
+def test_epsilon_the_plugin_refuses_keeps_paddles_forward(epsilon):
+    """Paddle's float32 CPU forward takes any epsilon; the plugin's backward refuses one
+    < 0 or NaN, so such a call is Paddle's (its forward, no CPU backward), not refused."""
+    if not HAS_QUANT or stock_float32_forward() is None:
+        pytest.skip("this Paddle has no float32 fused_rms_norm forward on CPU")
+    x = paddle.to_tensor(np.random.default_rng(2).standard_normal([3, 8]).astype("float32") + 2.0)
+    x.stop_gradient = False
+    w = paddle.ones([8])
+
+    def call():
+        return F.fused_rms_norm(x, w, None, epsilon, 1)
+
+    stock = stock_outcome(call)
+    paddle_ext.enable()
+    patched = stock_outcome(call)
+    assert stock[0] == patched[0] == "ok"
+    np.testing.assert_array_equal(stock[1], patched[1])
+
+
 def test_enable_disable_restores_paddles_ops():
     names = unit.present()
     assert names or not (HAS_EXT or HAS_QUANT)

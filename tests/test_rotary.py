@@ -202,6 +202,29 @@ def test_without_sin_cos_angles_come_from_rotary_emb_base(time_major, base, dtyp
             np.testing.assert_allclose(x_grad, want_grad, rtol=1e-12, atol=1e-14 * np.abs(want_grad).max())
 
 
+@pytest.mark.parametrize("given", ["sin", "cos"])
+def test_a_lone_sin_or_cos_is_ignored_as_paddles_kernel_ignores_it(given):
+    """Paddle's wrapper passes a lone table on; its kernels read the tables only when
+    both are given (flag_sin_cos), so the angles come from rotary_emb_base."""
+    rng = np.random.default_rng(31)
+    q, k = (paddle.to_tensor(rng.standard_normal((2, 5, h, 8)).astype("float32")) for h in (3, 1))
+    table = paddle.to_tensor(rng.standard_normal((5, 8)).astype("float32"))
+    lone = rope(q, k, **{given: table}, rotary_emb_base=500.0)
+    computed = rope(q, k, rotary_emb_base=500.0)
+    for got, want in zip(lone[:2], computed[:2]):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    sin_t, cos_t = computed_tables(5, 8, 500.0)
+    want = rotate_reference(q.numpy(), sin_t, cos_t, np.broadcast_to(np.arange(5), (2, 5)), True)
+    assert max_relative_error(lone[0].numpy(), want) <= 1e-6
+
+
+@pytest.mark.parametrize("base", [0.0, -3.0, float("nan")])
+def test_rotary_emb_base_is_unused_with_tables(base):
+    q, sin, cos = _t(Q) + 1.0, _t((5, 8)) + 0.5, _t((5, 8)) + 0.25
+    got = rope(q, sin=sin, cos=cos, rotary_emb_base=base)[0]
+    np.testing.assert_array_equal(got.numpy(), rope(q, sin=sin, cos=cos)[0].numpy())
+
+
 def test_default_base_is_10000():
     rng = np.random.default_rng(4)
     q = paddle.to_tensor(rng.standard_normal((1, 6, 2, 8)).astype("float32"))
@@ -349,8 +372,9 @@ Q = (2, 5, 3, 8)
         (dict(k=_t((2, 5, 1, 8), "float16")), TypeError, r"k must have q's dtype float32, got float16"),
         (dict(v=_t((2, 4, 3, 8))), ValueError, r"v must match q in batch, seq_len and head_dim"),
         (dict(k=_t((2, 5, 3, 6))), ValueError, r"k must match q in batch, seq_len and head_dim"),
-        (dict(sin=_t((5, 8))), ValueError, r"sin and cos must be given together: got sin but cos=None"),
-        (dict(cos=_t((5, 8))), ValueError, r"sin and cos must be given together: got cos but sin=None"),
+        (dict(sin=_t((5, 8)), position_ids=_t((2, 5), "int64")), AssertionError, r"position_ids needs sin and cos"),
+        (dict(cos=_t((5, 8)), use_neox_rotary_style=False), AssertionError,
+         r"use_neox_rotary_style=False \(rotate_half\) needs sin"),
         (dict(sin=_t((5, 4)), cos=_t((5, 4))), ValueError,
          r"sin must be \[seq_len, head_dim\] or \[1, seq_len, 1, head_dim\] with head_dim = 8"),
         (dict(sin=_t((2, 5, 1, 8)), cos=_t((2, 5, 1, 8))), ValueError, r"sin must be \[seq_len, head_dim\]"),
@@ -370,7 +394,8 @@ Q = (2, 5, 3, 8)
         (dict(use_neox_rotary_style=False), ValueError, r"use_neox_rotary_style=False \(rotate_half\) needs sin"),
         (dict(use_neox_rotary_style=1), TypeError, r"use_neox_rotary_style must be a bool, got int 1"),
         (dict(time_major="yes"), TypeError, r"time_major must be a bool"),
-        (dict(rotary_emb_base=0.0), ValueError, r"rotary_emb_base must be a finite number > 0, got 0.0"),
+        (dict(rotary_emb_base=0.0), ValueError, r"rotary_emb_base must be a finite number > 0 when sin and cos "
+                                                r"are not given \(it is unused with them\), got 0.0"),
         (dict(rotary_emb_base="1e4"), TypeError, r"rotary_emb_base must be a number"),
         (dict(q=np.zeros(Q, np.float32)), TypeError, r"q must be a paddle.Tensor, got ndarray"),
     ],

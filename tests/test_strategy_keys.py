@@ -68,6 +68,15 @@ def test_dualpipev_selects_the_v_schedule_and_names_conflicts():
     check_schedule_kind(settings, vpp=2, placement="v")
 
 
+def test_dynamic_shape_from_either_key():
+    """Shapes that change between steps: pp_configs.enable_dynamic_shape (Paddle 3.x's key)
+    or pipeline_configs.p2p_cache_shape = False; neither: the first step's shapes hold."""
+    assert not PipelineSettings.from_strategy(strategy_with({})).dynamic_shape
+    assert PipelineSettings.from_strategy(strategy_with({"enable_dynamic_shape": True})).dynamic_shape
+    assert PipelineSettings.from_strategy(strategy_with({}, p2p_cache_shape=False)).dynamic_shape
+    assert not PipelineSettings.from_strategy(strategy_with({}, p2p_cache_shape=True)).dynamic_shape
+
+
 def test_disable_restores_paddle_behaviour():
     cls = fleet.DistributedStrategy
     patched = vars(cls)["hybrid_configs"]

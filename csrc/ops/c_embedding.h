@@ -5,8 +5,8 @@
 //
 // Semantics (Paddle's c_embedding): row r of this rank's table slice holds
 // vocabulary id start + r; ids in [start, start + rows) take that row, all
-// other ids give zeros. The check: with vocab_size > 0 every id must lie in
-// [0, vocab_size).
+// other ids give zeros. The check (Paddle's GPU kernel's): with vocab_size
+// >= 0 every id must lie in [0, vocab_size); start + rows may exceed it.
 //
 // Tables: every dtype Paddle's c_embedding kernels take (float32, float64,
 // float16, bfloat16, complex64, complex128). The forward copies raw row bytes,

@@ -38,9 +38,11 @@ def c_embedding(weight, ids, start_index: int = 0, vocab_size: int = -1):
             complex128; rows of the table from start_index on.
         ids: int32 or int64 of any shape.
         start_index: the vocabulary id of weight's first row (>= 0).
-        vocab_size: rows of the whole table; -1 skips the range check (as
-            Paddle's c_embedding does), otherwise every id must lie in
-            [0, vocab_size) and start_index + rows <= vocab_size.
+        vocab_size: rows of the whole table; negative (-1, the default) skips
+            the range check, otherwise every id must lie in [0, vocab_size).
+            As in Paddle's GPU kernel, weight's rows need not fit inside it
+            (start_index + rows may exceed vocab_size): ids in [start_index,
+            start_index + rows) take their row either way.
 
     Returns:
         ids.shape + [width], weight's dtype. Differentiable in weight: the grad
@@ -58,12 +60,7 @@ def c_embedding(weight, ids, start_index: int = 0, vocab_size: int = -1):
     require_dtype("weight", weight, TABLE_DTYPES)
     require_dtype("ids", ids, ID_DTYPES)
     require_int("start_index", start_index, low=0)
-    require_int("vocab_size", vocab_size, low=1, also=(-1,))
-    rows = int(weight.shape[0])
-    if vocab_size > 0 and start_index + rows > vocab_size:
-        raise InvalidArgumentError(
-            f"start_index + weight rows must be <= vocab_size, got start_index={start_index}, "
-            f"rows={rows}, vocab_size={vocab_size}")
+    require_int("vocab_size", vocab_size)
     if not same_place(weight, ids):
         raise InvalidArgumentError(f"weight and ids must be on the same device, got {weight.place} and {ids.place}")
     try:

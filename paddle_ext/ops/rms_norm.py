@@ -22,7 +22,13 @@ from typing import Any
 import numpy as np
 
 from paddle_ext.ops import _library
-from paddle_ext.ops._checks import dtype_name, require_dtype, require_tensor
+from paddle_ext.ops._checks import (
+    ArgumentTypeError,
+    InvalidArgumentError,
+    dtype_name,
+    require_dtype,
+    require_tensor,
+)
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
 
@@ -44,10 +50,10 @@ def fused_rms_norm_ext(x: Any, scale: Any, epsilon: float = 1e-5, name: str | No
     _check_inputs(x, "scale", scale)
     eps = _check_epsilon(epsilon)
     if x.ndim == 0:
-        raise ValueError(f"x must have at least 1 dimension, got shape {list(x.shape)}")
+        raise InvalidArgumentError(f"x must have at least 1 dimension, got shape {list(x.shape)}")
     cols = int(x.shape[-1])
     if scale.ndim != 1 or int(scale.shape[0]) != cols:
-        raise ValueError(f"scale must be 1-D [cols] with cols = {cols} (x's last dimension), got shape "
+        raise InvalidArgumentError(f"scale must be 1-D [cols] with cols = {cols} (x's last dimension), got shape "
                          f"{list(scale.shape)}")
     return _normalise(x, scale, cols, eps)
 
@@ -75,9 +81,9 @@ def fused_rms_norm(x: Any, norm_weight: Any, norm_bias: Any, epsilon: float, beg
     del quant_round_type, quant_max_bound, quant_min_bound
     for arg, value in (("bias", bias), ("residual", residual)):
         if value is not None:
-            raise ValueError(f"{arg} must be None: paddle_ext's fused_rms_norm does not fuse a {arg} add")
+            raise InvalidArgumentError(f"{arg} must be None: paddle_ext's fused_rms_norm does not fuse a {arg} add")
     if quant_scale > 0:
-        raise ValueError(f"quant_scale must be <= 0 (no int8 output), got {quant_scale!r}")
+        raise InvalidArgumentError(f"quant_scale must be <= 0 (no int8 output), got {quant_scale!r}")
     _check_inputs(x, "norm_weight", norm_weight)
     eps = _check_epsilon(epsilon)
     cols = _normalised_size(x, begin_norm_axis)
@@ -86,9 +92,9 @@ def fused_rms_norm(x: Any, norm_weight: Any, norm_bias: Any, epsilon: float, beg
             continue
         require_tensor(arg, t)
         if dtype_name(t) != dtype_name(x):
-            raise TypeError(f"{arg} must have x's dtype {dtype_name(x)}, got {dtype_name(t)}")
+            raise ArgumentTypeError(f"{arg} must have x's dtype {dtype_name(x)}, got {dtype_name(t)}")
         if t.ndim != 1 or int(t.shape[0]) != cols:
-            raise ValueError(f"{arg} must be 1-D [{cols}] (the size of x's dimensions from begin_norm_axis="
+            raise InvalidArgumentError(f"{arg} must be 1-D [{cols}] (the size of x's dimensions from begin_norm_axis="
                              f"{begin_norm_axis} on), got shape {list(t.shape)}")
     if norm_bias is None:
         out, _ = _normalise(x, norm_weight, cols, eps)
@@ -114,10 +120,10 @@ def paddle_forward_with_plugin_backward(forward: Any, x: Any, norm_weight: Any, 
 
 def _normalised_size(x, begin_norm_axis):
     if isinstance(begin_norm_axis, bool) or not isinstance(begin_norm_axis, (int, np.integer)):
-        raise TypeError(f"begin_norm_axis must be an int, got {type(begin_norm_axis).__name__} {begin_norm_axis!r}")
+        raise ArgumentTypeError(f"begin_norm_axis must be an int, got {type(begin_norm_axis).__name__} {begin_norm_axis!r}")
     axis = int(begin_norm_axis)
     if not -x.ndim <= axis < x.ndim:
-        raise ValueError(f"begin_norm_axis must be in [{-x.ndim}, {x.ndim}) for x of shape {list(x.shape)}, "
+        raise InvalidArgumentError(f"begin_norm_axis must be in [{-x.ndim}, {x.ndim}) for x of shape {list(x.shape)}, "
                          f"got {begin_norm_axis}")
     return int(np.prod(x.shape[axis % x.ndim:]))
 
@@ -160,7 +166,7 @@ def rms_norm_grad(x: Any, weight: Any, y_grad: Any, epsilon: float, inv_var: Any
     require_tensor("y_grad", y_grad)
     eps = _check_epsilon(epsilon)
     if list(y_grad.shape) != list(x.shape) or dtype_name(y_grad) != dtype_name(weight):
-        raise ValueError(f"y_grad must have x's shape {list(x.shape)} and weight's dtype {dtype_name(weight)}, "
+        raise InvalidArgumentError(f"y_grad must have x's shape {list(x.shape)} and weight's dtype {dtype_name(weight)}, "
                          f"got shape {list(y_grad.shape)} and dtype {dtype_name(y_grad)}")
     import paddle
 
@@ -175,7 +181,7 @@ def _normalise(x, weight, cols, eps):
     import paddle
 
     if cols == 0:
-        raise ValueError(f"x's normalised size must be > 0, got shape {list(x.shape)}")
+        raise InvalidArgumentError(f"x's normalised size must be > 0, got shape {list(x.shape)}")
     rows = int(np.prod(x.shape)) // cols
     if rows == 0:  # nothing to normalise (and 2.6's custom-op runner refuses empty outputs)
         y = paddle.zeros(x.shape, dtype=weight.dtype)
@@ -192,18 +198,18 @@ def _check_inputs(x, weight_name, weight):
     require_tensor(weight_name, weight)
     require_dtype(weight_name, weight, FLOAT_DTYPES)
     if not x.place.is_cpu_place():
-        raise ValueError(f"x must be a CPU tensor, got one on {x.place}: paddle_ext's RMSNorm kernel is CPU-only "
+        raise InvalidArgumentError(f"x must be a CPU tensor, got one on {x.place}: paddle_ext's RMSNorm kernel is CPU-only "
                          "(Paddle's own fused_rms_norm_ext serves GPU tensors)")
     if str(weight.place) != str(x.place):
-        raise ValueError(f"{weight_name} must be on x's device {x.place}, got {weight.place}")
+        raise InvalidArgumentError(f"{weight_name} must be on x's device {x.place}, got {weight.place}")
 
 
 def _check_epsilon(value):
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
-        raise TypeError(f"epsilon must be a number, got {type(value).__name__} {value!r}")
+        raise ArgumentTypeError(f"epsilon must be a number, got {type(value).__name__} {value!r}")
     eps = float(value)
     if not (math.isfinite(eps) and eps >= 0):
-        raise ValueError(f"epsilon must be a finite number >= 0, got {value!r}")
+        raise InvalidArgumentError(f"epsilon must be a finite number >= 0, got {value!r}")
     return eps
 
 

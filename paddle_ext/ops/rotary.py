@@ -16,11 +16,13 @@ pass applies the transposed rotation to the output grads; sin, cos and
 position_ids get no gradient (as in Paddle). q, k and v go through the op
 pe_rotary one at a time (one pass over each), so each has its own grad node.
 
-Where Paddle's kernel reads out of bounds, ignores an argument or leaves output
-unwritten, this raises instead: a lone sin or cos (Paddle silently computes
-the angles), k or v with another batch or seq_len than q (Paddle accepts a
-larger batch and leaves the rest of the output unwritten), position ids
-outside the tables. Bad arguments raise paddle_ext.ops._checks' errors, which
+A lone sin or cos is ignored, as Paddle's kernels ignore it (they read the
+tables only when both are given): the angles come from rotary_emb_base, and
+Paddle's wrapper's rules for a call without tables hold (position_ids and
+use_neox_rotary_style=False raise). Where Paddle's kernel reads out of bounds
+or leaves output unwritten, this raises instead: k or v with another batch or
+seq_len than q (Paddle accepts a larger batch and leaves the rest of the
+output unwritten), position ids outside the tables. Bad arguments raise paddle_ext.ops._checks' errors, which
 are also what Paddle raises for them: InvalidArgumentError is both the
 AssertionError Paddle's wrapper raises (position_ids or rotate-half without
 tables) and the ValueError of its shape checks.
@@ -62,14 +64,16 @@ def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, posit
             num_heads may differ (grouped-query attention). v is rotated too.
         sin, cos: optional, together, q's dtype, [rows, head_dim] or
             [1, rows, 1, head_dim]; rows = seq_len, or >= seq_len with
-            position_ids. Without them the angles come from rotary_emb_base
-            (then use_neox_rotary_style must be True and position_ids None,
-            as in Paddle).
+            position_ids. Without them (or with only one of them, which is
+            then ignored, as Paddle ignores it) the angles come from
+            rotary_emb_base (then use_neox_rotary_style must be True and
+            position_ids None, as in Paddle).
         position_ids: optional [batch, seq_len] int64 (int32 is accepted), each
             in [0, rows).
         use_neox_rotary_style: True rotates adjacent pairs, False the halves.
         time_major: whether the first dimension of q, k, v is seq_len.
-        rotary_emb_base: base of the computed angles (> 0).
+        rotary_emb_base: base of the computed angles (> 0; any number when
+            sin and cos are given, which Paddle then ignores, as this does).
 
     Returns:
         (out_q, out_k, out_v), each of its input's shape and dtype, None for an
@@ -83,7 +87,7 @@ def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, posit
     """
     _check_flag("use_neox_rotary_style", use_neox_rotary_style)
     _check_flag("time_major", time_major)
-    base = _check_base(rotary_emb_base)
+    base = _check_number(rotary_emb_base)
     require_tensor("q", q)
     require_dtype("q", q, FLOAT_DTYPES)
     _require_4d("q", q, time_major)
@@ -97,8 +101,9 @@ def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, posit
             _check_like_q(name, t, q, time_major)
 
     if (sin is None) != (cos is None):
-        given, missing = ("sin", "cos") if cos is None else ("cos", "sin")
-        raise InvalidArgumentError(f"sin and cos must be given together: got {given} but {missing}=None")
+        # Paddle's kernels read the tables only when both are given (flag_sin_cos):
+        # a lone sin or cos is ignored and the angles come from rotary_emb_base.
+        sin = cos = None
     if sin is None:
         if position_ids is not None:
             raise InvalidArgumentError("position_ids needs sin and cos: Paddle computes the angles from "
@@ -106,6 +111,7 @@ def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, posit
         if not use_neox_rotary_style:
             raise InvalidArgumentError("use_neox_rotary_style=False (rotate_half) needs sin and cos: Paddle "
                                        "computes angles from rotary_emb_base only for adjacent pairs")
+        _check_base(base, rotary_emb_base)  # used only here: with tables Paddle ignores it
     else:
         rows = _check_table("sin", sin, q, head_dim)
         _check_table("cos", cos, q, head_dim)
@@ -163,13 +169,18 @@ def _check_flag(name, value):
         raise ArgumentTypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
 
 
-def _check_base(value):
+def _check_number(value):
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ArgumentTypeError(f"rotary_emb_base must be a number, got {type(value).__name__} {value!r}")
-    base = float(value)
+    return float(value)
+
+
+def _check_base(base, value):
+    """The base of computed angles: Paddle's kernel would give NaN / inf angles for
+    one <= 0 or not finite."""
     if not (math.isfinite(base) and base > 0):
-        raise InvalidArgumentError(f"rotary_emb_base must be a finite number > 0, got {value!r}")
-    return base
+        raise InvalidArgumentError(f"rotary_emb_base must be a finite number > 0 when sin and cos are not given "
+                                   f"(it is unused with them), got {value!r}")
 
 
 def _require_4d(name, t, time_major):

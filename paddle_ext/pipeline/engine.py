@@ -64,6 +64,10 @@ class PipelineSettings:
     overlap_p2p: Optional[bool] = False  # pp_configs.overlap_p2p_comm; None: unset (per backend)
     grad_sync: Optional[GradSyncSettings] = None  # dp/sharding reduction (pipeline/grad_sync.py)
     dualpipev: bool = False     # pp_configs.use_dualpipev: Paddle's DualPipeVParallel's semantics
+    # pp_configs.enable_dynamic_shape, or pipeline_configs.p2p_cache_shape = False: payload
+    # shapes may change from one step to the next (each step's first transfer on a channel
+    # carries its header again), as upstream's dynamic-shape p2p allows
+    dynamic_shape: bool = False
 
     @classmethod
     def from_strategy(cls, strategy: Any) -> PipelineSettings:
@@ -85,6 +89,8 @@ class PipelineSettings:
                    fb_overlap=bool(pp_config(strategy, "forward_backward_overlap_scheduler")),
                    overlap_p2p=(bool(pp_config(strategy, "overlap_p2p_comm"))
                                 if pp_config_is_set(strategy, "overlap_p2p_comm") else None),
+                   dynamic_shape=(bool(pp_config(strategy, "enable_dynamic_shape"))
+                                  or not pipeline.get("p2p_cache_shape", True)),
                    grad_sync=GradSyncSettings.from_strategy(strategy))
 
 
@@ -100,7 +106,7 @@ def check_schedule_kind(settings: PipelineSettings, vpp: int, placement: str = "
     if base in V_KINDS and placement != "v":
         raise ValueError(f"pp_configs.schedule_mode = {mode!r} (or use_dualpipev) runs on the V placement: build "
                          "the PipelineLayer with use_dualpipev=True (Paddle 3.3+), which holds stages r and "
-                         "2*pp-1-r on rank r")
+                         "2*pp-1-r on rank r, or with paddle_ext.pipeline.v_layer.v_pipeline_layer (any release)")
     if placement == "v" and base not in V_KINDS:
         raise ValueError(f"pp_configs.schedule_mode = {mode!r} needs the interleaved placement, but this "
                          "PipelineLayer is V-segmented (use_dualpipev=True): set pp_configs.use_dualpipev = True "
@@ -227,6 +233,14 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         self._optimizer_step(optimizer, lr_scheduler, scaler)
         return loss
 
+    def _new_step_shapes(self) -> None:
+        """Under dynamic_shape every step describes its payloads afresh (both ends of a
+        channel forget its header at the step's start); otherwise the first step's
+        headers hold for the run and a changed shape is refused (transport.P2P)."""
+        if self.settings.dynamic_shape:
+            for p2p in (self._p2p, *(self._links or ())):
+                p2p.forget_shapes()
+
     def _check_accumulate_steps(self, m: int) -> None:
         """The V schedules take any count from V_MIN_MICROBATCHES; the others need pp."""
         if self.placement == "v":
@@ -248,6 +262,7 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         if self._grad_sync is not None:
             self._grad_sync.begin_step(optimizer, self.schedule(m).ranks[self.stage_id], microbatches=m,
                                        scale_accumulation=scale_accumulation and self.settings.delay_scale_loss)
+        self._new_step_shapes()
         losses = self._run(data, loss_fn, scaler, compute_loss=True)
         self._layers.allreduce_shared_weight_gradients()
         if self._grad_sync is not None:  # the late buckets, then wait for every bucket
@@ -374,6 +389,7 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         PipelineDatasetPreprocessor."""
         self._layers.eval()
         self.set_virtual_pipeline_rank(0)
+        self._new_step_shapes()
         m = self.accumulate_steps
         if isinstance(data, compat.pipeline_dataset_preprocessor_classes()):
             data = data()

@@ -36,9 +36,11 @@ def test_a_wait_inside_long_wait_outlasts_hang_timeout_and_the_same_wait_outside
     assert "past the unguarded wait" not in result.all_text()
 
 
-@pytest.mark.parametrize("pp, victim", [(2, 1), (4, 2)])
-def test_a_rank_killed_mid_step_is_named_by_every_other_rank(pp, victim):
-    result = launch("pipeline_failure.py", str(pp), str(victim), "kill", nproc=pp, timeout=120)
+@pytest.mark.parametrize("pp, victim, placement", [(2, 1, ""), (4, 2, ""), (2, 1, "v")])
+def test_a_rank_killed_mid_step_is_named_by_every_other_rank(pp, victim, placement):
+    """placement v: dualpipev on the V placement (the same transport and watchdog)."""
+    result = launch("pipeline_failure.py", str(pp), str(victim), "kill", *((placement,) if placement else ()),
+                    nproc=pp, timeout=120)
     assert not result.timed_out and result.returncode != 0, result.describe()
     assert f"rank {victim}: SIGKILL to myself" in result.logs[victim]
     killed_at = result.elapsed

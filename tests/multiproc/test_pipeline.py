@@ -33,9 +33,11 @@ def test_delay_scale_loss_and_grad_scaler_equal_single_process_bitwise(mode, mar
     assert f"pp=2 vpp=2 M=5 {marker}: bitwise equal" in result.logs[0], result.describe()
 
 
-@pytest.mark.parametrize("where", ["forward", "backward"])
-def test_a_failing_rank_ends_every_rank_with_rank_action_and_position(where):
-    result = launch("pipeline_failure.py", "2", "1", where, nproc=2, timeout=120)
+@pytest.mark.parametrize("where, placement", [("forward", ""), ("backward", ""), ("backward", "v")])
+def test_a_failing_rank_ends_every_rank_with_rank_action_and_position(where, placement):
+    """placement v: dualpipev on the V placement (use_dualpipev)."""
+    result = launch("pipeline_failure.py", "2", "1", where, *((placement,) if placement else ()), nproc=2,
+                    timeout=120)
     assert not result.timed_out, result.describe()
     assert result.returncode != 0, result.describe()
     assert result.elapsed < 60, result.describe()

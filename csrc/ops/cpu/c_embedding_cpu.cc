@@ -21,7 +21,7 @@ constexpr int64_t kRowsPerTask = 64;
 
 template <typename IdT>
 BadId find_out_of_range_cpu(const IdT* ids, int64_t n, int64_t vocab_size) {
-  if (vocab_size <= 0) return {};
+  if (vocab_size < 0) return {};  // Paddle: a negative vocab_size checks nothing; 0 refuses every id
   // Branch-free scan first (the common case is all in range), then locate.
   bool bad = false;
   for (int64_t i = 0; i < n; ++i) {

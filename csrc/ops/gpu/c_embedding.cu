@@ -324,7 +324,7 @@ size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 template <typename IdT>
 BadId find_out_of_range_gpu(const IdT* ids, int64_t n, int64_t vocab_size, void* stream) {
-  if (vocab_size <= 0 || n <= 0) return {};
+  if (vocab_size < 0 || n <= 0) return {};
   const Stream s = as_stream(stream);
   Scratch scratch(2 * sizeof(unsigned long long), s);
   unsigned long long* result = scratch.as<unsigned long long>();

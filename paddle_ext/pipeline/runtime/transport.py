@@ -108,6 +108,12 @@ class P2P:
         self._sent_meta: dict[Any, PayloadMeta] = {}
         self._recv_meta: dict[Any, PayloadMeta] = {}
 
+    def forget_shapes(self) -> None:
+        """The next transfer on every channel carries its header again (a new step whose
+        shapes may differ: the engine's dynamic_shape); both ends call it at the same point."""
+        self._sent_meta.clear()
+        self._recv_meta.clear()
+
     # raw tensors -----------------------------------------------------------------
     def _send(self, tensor: paddle.Tensor, peer: int, what: str) -> None:
         pg, peer_in_group = self._links[peer]
@@ -132,7 +138,8 @@ class P2P:
         elif cached != meta:
             raise ValueError(
                 f"pipeline payload changed between micro-batches on {channel}: first {cached}, now {meta}; "
-                "every micro-batch must give the stage outputs of the same shapes and dtypes")
+                "every micro-batch must give the stage outputs of the same shapes and dtypes (for shapes that "
+                "change between steps set pp_configs.enable_dynamic_shape or pipeline_configs.p2p_cache_shape = False)")
         for t in as_tuple(payload):
             self._send(t.detach(), peer, what)
 

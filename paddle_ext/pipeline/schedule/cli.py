@@ -25,7 +25,7 @@ from paddle_ext.pipeline.schedule.generate import (
     generate,
     split_cap,
 )
-from paddle_ext.pipeline.schedule.ir import Comm, Schedule, ScheduleError, computes
+from paddle_ext.pipeline.schedule.ir import Comm, Schedule, ScheduleError, W, computes
 from paddle_ext.pipeline.schedule.lower import lower
 from paddle_ext.pipeline.schedule.overlap import (
     OVERLAP_SUFFIX,
@@ -195,7 +195,7 @@ def _fmt(x: object) -> str:
 
 def _summary(result: SimResult, costs: Costs) -> str:
     s = result.schedule
-    zero = any(type(p).__name__ == "W" for acts in s.ranks for a in acts for p in computes(a))
+    zero = any(isinstance(p, W) for acts in s.ranks for a in acts for p in computes(a))
     priced = (f"F={_fmt(costs.forward)} I={_fmt(costs.i_w[0])} W={_fmt(costs.i_w[1])}" if zero
               else f"F={_fmt(costs.forward)} B={_fmt(costs.backward)}")
     lines: List[str] = [

@@ -121,49 +121,46 @@ def locate(pp: int, stage: int, placement: str = "interleaved") -> Tuple[int, in
 
 
 @dataclass(frozen=True)
-class F:
+class Compute:
+    """Base of the four compute actions on (chunk, mb); `token` is the grammar's letter."""
+
+    chunk: int
+    mb: int
+
+    token = ""
+
+    def __str__(self) -> str:
+        return f"{self.token}{self.chunk}.{self.mb}"
+
+
+@dataclass(frozen=True)
+class F(Compute):
     """Forward of (chunk, mb)."""
 
-    chunk: int
-    mb: int
-
-    def __str__(self) -> str:
-        return f"F{self.chunk}.{self.mb}"
+    token = "F"
 
 
 @dataclass(frozen=True)
-class B:
+class B(Compute):
     """Backward of (chunk, mb): input grads and parameter grads together."""
 
-    chunk: int
-    mb: int
-
-    def __str__(self) -> str:
-        return f"B{self.chunk}.{self.mb}"
+    token = "B"
 
 
 @dataclass(frozen=True)
-class I:  # noqa: E742 - the grammar's letter; zero-bubble papers call it B_input
+class I(Compute):  # noqa: E742 - the grammar's letter; zero-bubble papers call it B_input
     """Input-gradient half of B(chunk, mb): the gradient the previous stage needs.
     Keeps what W(chunk, mb) needs (layer inputs, output gradients) alive."""
 
-    chunk: int
-    mb: int
-
-    def __str__(self) -> str:
-        return f"I{self.chunk}.{self.mb}"
+    token = "I"
 
 
 @dataclass(frozen=True)
-class W:
+class W(Compute):
     """Weight-gradient half of B(chunk, mb): accumulates that micro-batch's parameter
     gradients of the chunk; needs I(chunk, mb) done, nothing downstream waits for it."""
 
-    chunk: int
-    mb: int
-
-    def __str__(self) -> str:
-        return f"W{self.chunk}.{self.mb}"
+    token = "W"
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,8 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
         d  pp2 x dp2, dp_comm_overlap         (4 ranks)
         e  pp2 x sharding2 stage 1            (4 ranks)
         f  pp2 x tensor parallel 2            (4 ranks)
+        g  pp2 use_dualpipev, accumulation 5: the Trainer's use_dualpipev on the plugin's
+           DualPipeV, the pipe V-segmented (paddle_ext.pipeline.v_layer.v_segmented) (2 ranks)
 
 CONFIG may name several, comma-separated, for one topology and accumulation count (c,d):
 each gets its own Trainer in this process (a second fleet.init in one process keeps the
@@ -34,6 +36,7 @@ import paddle
 import paddle.distributed as dist
 
 import paddle_ext
+from paddle_ext.pipeline.v_layer import v_segmented
 
 paddle_ext.enable()  # before PaddleFormers sets up fleet: the plugin's engine serves fleet.distributed_model
 
@@ -58,6 +61,7 @@ CONFIGS = {
     "d": dict(acc=4, dp=2, dp_comm_overlap=True),
     "e": dict(acc=4, sharding=2),
     "f": dict(acc=4, tp=2),
+    "g": dict(acc=5, v=True),
 }
 
 
@@ -66,8 +70,8 @@ def model_config(cfg, tp):
                          num_hidden_layers=LAYERS, num_attention_heads=2, num_key_value_heads=2,
                          max_position_embeddings=4 * SEQ, dtype="float32")
     config._attn_implementation = "eager"
-    if cfg.get("vpp", 1) > 1:
-        config.virtual_pipeline_model_parallel_size = cfg["vpp"]
+    if cfg.get("vpp", 1) > 1 or cfg.get("v"):
+        config.virtual_pipeline_model_parallel_size = 2 if cfg.get("v") else cfg["vpp"]
     config.tensor_model_parallel_size = tp
     # Gathered logits and the plain cross entropy: Paddle's parallel cross entropy
     # (c_softmax_with_cross_entropy) has no CPU kernel.
@@ -168,6 +172,7 @@ def training_args(name, cfg, out_dir, **extra):
         sharding="stage1" if sharding > 1 else "", split_param=False,
         forward_backward_overlap_scheduler=cfg.get("forward_backward_overlap_scheduler", False),
         dp_comm_overlap=cfg.get("dp_comm_overlap", False), do_train=True, amp_master_grad=False,
+        use_dualpipev=cfg.get("v", False),
         adam_epsilon=ADAM_EPSILON,
     )
     kwargs.update(extra)
@@ -279,7 +284,7 @@ def train(name, cfg, out_dir, dataset, resume=None, max_steps=STEPS, save_steps=
         extra.update(save_strategy="steps", save_steps=save_steps)
     args = training_args(name, cfg, out_dir, **extra)
     config = model_config(cfg, cfg.get("tp", 1))
-    pipe = LlamaForCausalLMPipe(config)
+    pipe = (v_segmented(LlamaForCausalLMPipe) if cfg.get("v") else LlamaForCausalLMPipe)(config)
     mapping = copy_weights(reference_model(config), pipe)
     log = LossLog(pipe)
     trainer = Trainer(model=pipe, args=args, train_dataset=dataset, eval_dataset=dataset, data_collator=collate,
@@ -306,6 +311,7 @@ def main():
                                                sharding_owned(trainer)),
                   "classes": [c.__name__ for c in type(engine).__mro__],
                   "dp_comm_overlap": engine._dp_comm_overlap,
+                  "schedule": engine.schedule().kind, "placement": engine.schedule().placement,
                   "sharding_comm_overlap": engine._sharding_comm_overlap}
         if cfg.get("eval_resume"):
             result.update(evaluate_and_resume(trainer, cfg, out_dir, dataset, config))

@@ -1,10 +1,11 @@
 """Rank script: one pipeline rank raises inside forward or backward.
 
-Usage: pipeline_failure.py PP FAIL_RANK forward|backward|kill [async]
+Usage: pipeline_failure.py PP FAIL_RANK forward|backward|kill [async|v]
 Every rank must end non-zero, the failing one naming itself, the action and
 its position in the schedule. kill: the rank SIGKILLs itself instead (no exit
 handlers run): the others must name it as lost. async: with the forward/backward
-overlap scheduler and overlap_p2p_comm (communication threads).
+overlap scheduler and overlap_p2p_comm (communication threads). v: the V placement
+(pp_configs.use_dualpipev on the V-segmented model, 2*PP blocks).
 """
 
 import os
@@ -16,10 +17,11 @@ import paddle.distributed.fleet as fleet
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
 import paddle_ext  # noqa: E402
-from examples.tiny_gpt import Block, batch, pipeline_model  # noqa: E402
+from examples.tiny_gpt import Block, batch, pipeline_model, v_pipeline_model  # noqa: E402
 
 PP, FAIL_RANK, WHERE = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3]
 ASYNC = len(sys.argv) > 4 and sys.argv[4] == "async"
+V = len(sys.argv) > 4 and sys.argv[4] == "v"
 M, MBS = 4, 2
 
 
@@ -58,10 +60,13 @@ def main():
     paddle_ext.enable()  # before the strategy: Paddle 2.6's protobuf lacks the async keys
     strategy = fleet.DistributedStrategy()
     pp_configs = {"forward_backward_overlap_scheduler": True, "overlap_p2p_comm": True} if ASYNC else {}
+    if V:
+        pp_configs = {"use_dualpipev": True}
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": PP, "pp_configs": pp_configs}
     strategy.pipeline_configs = {"accumulate_steps": M, "micro_batch_size": MBS}
     fleet.init(is_collective=True, strategy=strategy)
-    model = fleet.distributed_model(pipeline_model(32, 16, 8, blocks=PP, pp=PP))
+    layers = v_pipeline_model(32, 16, 8, blocks=2 * PP, pp=PP) if V else pipeline_model(32, 16, 8, blocks=PP, pp=PP)
+    model = fleet.distributed_model(layers)
     opt = paddle.optimizer.SGD(0.1, parameters=model.parameters())
     ids, labels = batch(0, M * MBS, 8, 32)
     model.train_batch([ids, labels], opt)

@@ -16,8 +16,14 @@ With `overlap` (third argument) the model is examples/overlap_gpt.py's, which de
 overlapped_forward_backward: dualpipev's F&B pairs run through it (schedule nodes, each
 backward whole), untied (Paddle's V segmentation takes no SharedLayerDesc).
 
-Usage: vshape_parity.py PP KIND:M:TIED:DELAY[:P2P][,...] [overlap]   (TIED, DELAY, P2P: 0 or 1;
-P2P: pp_configs.overlap_p2p_comm, the transfers on communication threads)
+Usage: vshape_parity.py PP KIND:M:TIED:DELAY[:P2P[:OVERLAP[:VARY[:BUILDER]]]][,...] [overlap]   (TIED,
+DELAY, P2P, OVERLAP, VARY, BUILDER: 0 or 1; BUILDER: the plugin's VPipelineLayer
+(paddle_ext.pipeline.v_layer, any Paddle) instead of Paddle 3.3's use_dualpipev layer, which
+is also what a Paddle without use_dualpipev gets; P2P: pp_configs.overlap_p2p_comm, the transfers on communication
+threads; OVERLAP: this config on the overlap_gpt model, as `overlap` does for every config;
+VARY: the second step's batch has half the sequence length, so every activation the ranks
+exchange changes shape between steps, under the engine's dynamic_shape, which
+pp_configs.enable_dynamic_shape sets)
 """
 
 import sys
@@ -50,14 +56,15 @@ def close(what, got, want, exact):
     assert diff <= TOL * scale, f"{what}: relative diff {diff / scale:.3g} > {TOL}"
 
 
-def run(hcg, kind, m, tied, delay, via_fleet, overlap=False, p2p=False):
+def run(hcg, kind, m, tied, delay, via_fleet, overlap=False, p2p=False, vary=False, builder=False):
     pp, stage = hcg.get_pipe_parallel_world_size(), hcg.get_stage_id()
     paddle.seed(0)
     if overlap:
         model = overlap_gpt.overlap_model(VOCAB, HIDDEN, SEQ, blocks=2 * pp, pp=pp, use_dualpipev=True)
         ref = overlap_gpt.Reference(VOCAB, HIDDEN, SEQ, blocks=2 * pp)
     else:
-        model = v_pipeline_model(VOCAB, HIDDEN, SEQ, blocks=2 * pp, pp=pp, tied=tied)
+        model = v_pipeline_model(VOCAB, HIDDEN, SEQ, blocks=2 * pp, pp=pp, tied=tied, native=False if builder else None)
+        assert not builder or type(model).__name__ == "VPipelineLayer", type(model)
         ref = Reference(VOCAB, HIDDEN, SEQ, blocks=2 * pp)
     pairs = []
     if overlap:  # count the F&B steps that went through the model's method
@@ -75,14 +82,18 @@ def run(hcg, kind, m, tied, delay, via_fleet, overlap=False, p2p=False):
         opt = fleet.distributed_optimizer(paddle.optimizer.Adam(1e-2, parameters=model.parameters()))
     else:
         engine = PipelineEngine(model, hcg, PipelineSettings(m, MBS, delay_scale_loss=delay, kind=kind,
-                                                             overlap_p2p=p2p))
+                                                             overlap_p2p=p2p, dynamic_shape=vary))
         opt = paddle.optimizer.Adam(1e-2, parameters=model.parameters())
     recorder = GradRecorder(opt, mine)
     ref_opt = paddle.optimizer.Adam(1e-2, parameters=ref.parameters())
     exact = not tied  # the tied weight's sum order differs (module docstring)
     tag = f"pp={pp} {kind} M={m} tied={tied} delay_scale_loss={delay} overlap_model={overlap} p2p={p2p}"
+    if vary:
+        tag += f" seq={SEQ},{SEQ // 2},{SEQ}"
+    if builder:
+        tag += " layer=VPipelineLayer"
     for step in range(STEPS):
-        ids, labels = batch(step, m * MBS, SEQ, VOCAB)
+        ids, labels = batch(step, m * MBS, SEQ // 2 if vary and step == 1 else SEQ, VOCAB)
         loss = engine.train_batch([ids, labels], recorder)
         ref_loss = paddle.zeros([])
         for mb in range(m):
@@ -129,10 +140,10 @@ def main():
     pp = int(sys.argv[1])
     configs = []
     for item in sys.argv[2].split(","):
-        kind, m, tied, delay, *p2p = item.split(":")
-        configs.append((kind, int(m), tied == "1", delay == "1", p2p == ["1"]))
-    overlap = len(sys.argv) > 3 and sys.argv[3] == "overlap"
-    kind0, m0, _, delay0, _ = configs[0]
+        kind, m, tied, delay, *rest = item.split(":") + ["0", "0", "0", "0"]
+        configs.append((kind, int(m), tied == "1", delay == "1", *(flag == "1" for flag in rest[:4])))
+    overlap_all = len(sys.argv) > 3 and sys.argv[3] == "overlap"
+    kind0, m0, _, delay0, *_ = configs[0]
     pp_configs = {"delay_scale_loss": delay0}
     if kind0 == "dualpipev":
         pp_configs["use_dualpipev"] = True
@@ -144,9 +155,37 @@ def main():
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": pp, "pp_configs": pp_configs}
     fleet.init(is_collective=True, strategy=strategy)
     hcg = fleet.get_hybrid_communicate_group()
-    for i, (kind, m, tied, delay, p2p) in enumerate(configs):
-        run(hcg, kind, m, tied and not overlap, delay, via_fleet=(i == 0), overlap=overlap, p2p=p2p)
+    for i, (kind, m, tied, delay, p2p, overlap, vary, builder) in enumerate(configs):
+        overlap = overlap or overlap_all
+        run(hcg, kind, m, tied and not overlap, delay, via_fleet=(i == 0), overlap=overlap, p2p=p2p, vary=vary,
+            builder=builder)
+    if any(c[-1] for c in configs):
+        check_local_tie_across_ranks_refused(hcg)
     print(f"rank {hcg.get_stage_id()}: all configs passed", flush=True)
+
+
+def check_local_tie_across_ranks_refused(hcg):
+    """The plugin's VPipelineLayer refuses a LocalSharedLayerDesc whose uses land on two
+    ranks (here the embedding, rank 0, and a copy after the third block, on rank 1),
+    naming the key and the ranks, on every rank before any collective."""
+    from paddle.distributed.fleet.meta_parallel import LayerDesc
+
+    from examples.tiny_gpt import Block, Embedding, LMLoss
+    from paddle_ext.pipeline.v_layer import local_shared_layer_desc_class, v_pipeline_layer
+
+    local = local_shared_layer_desc_class()
+    args = dict(vocab=VOCAB, hidden=HIDDEN, seq=SEQ, layer_id=0)
+    blocks = [LayerDesc(Block, hidden=HIDDEN, layer_id=i + 1) for i in range(4 * hcg.get_pipe_parallel_world_size())]
+    # two blocks a stage: the copy after the third block is in stage 1, on rank 1
+    descs = [local("embed", Embedding, shared_weight_attr="embedding_weight", **args), *blocks[:3],
+             local("embed", Embedding, shared_weight_attr="embedding_weight", **args), *blocks[3:]]
+    try:
+        v_pipeline_layer(descs, topology=hcg.topology(), loss_fn=LMLoss(), seg_method="layer:Block", native=False)
+    except ValueError as e:
+        assert "LocalSharedLayerDesc 'embed'" in str(e) and "ranks [0, 1]" in str(e), e
+    else:
+        raise AssertionError("a LocalSharedLayerDesc on ranks 0 and 1 was accepted")
+    print(f"rank {hcg.get_stage_id()}: local tie across ranks refused", flush=True)
 
 
 if __name__ == "__main__":
