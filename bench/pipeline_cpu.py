@@ -25,13 +25,25 @@ with one chunk per rank and the interleaved kinds with --vpp (at least 2 when th
 mixes them with V kinds), so every kind of one run trains the same model:
 pp * max(vpp, 2) blocks when a V kind is in the run, else pp * vpp.
 
+--p2p picks where the transfers run, each path its own launch in the same ABBA order:
+`default` (no pp_configs key: the engine's choice, communication threads on gloo),
+`blocking` (overlap_p2p_comm False: send/recv on the compute thread, the old default),
+`threads` (overlap_p2p_comm True). Each row then also prints, per rank and step, the
+compute thread's time outside compute (transfers, waits in blocking ones or for a
+receive still in flight, bubble) beside the simulator's compute-only bubble for the
+measured costs, and the median F / B (I / W) per chunk and micro-batch.
+--micro-batch-sizes 4,1 runs everything at each size in turn (the bench's and one 4x
+smaller), each with its own single-process reference.
+
     python bench/pipeline_cpu.py [--pp 2] [--vpp 1] [--microbatches 8] [--hidden 512] [--steps 5]
                                  [--kinds 1f1b,interleaved,zb-h1,zb-v,dualpipev --vpp 2]
+                                 [--p2p default,blocking] [--micro-batch-sizes 4,1]
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -54,6 +66,7 @@ MODES = {"": "", "1f1b": "1F1B", "interleaved": "VPP", "zb-h1": "ZBH1", "interle
          "dualpipev": ""}
 V_KINDS = ("zb-v", "dualpipev")
 ONE_CHUNK = ("1f1b", "zb-h1")
+P2P_PATHS = {"default": None, "blocking": False, "threads": True}  # -> pp_configs.overlap_p2p_comm
 
 
 def parse_args(argv=None):
@@ -65,6 +78,13 @@ def parse_args(argv=None):
     p.add_argument("--kinds", default="", help="comma-separated schedule kinds (launch mode)")
     p.add_argument("--repeats", type=int, default=2, help="launches per kind, in ABBA order (launch mode)")
     p.add_argument("--blocks", type=int, default=0, help="transformer blocks (default: see the module docstring)")
+    p.add_argument("--p2p", default="default",
+                   help="comma-separated p2p paths, each its own launch: default (no pp_configs key), "
+                        "blocking (overlap_p2p_comm False: send/recv on the compute thread), threads "
+                        "(overlap_p2p_comm True)")
+    p.add_argument("--micro-batch-sizes", default="",
+                   help="comma-separated micro-batch sizes to run one after another in this run "
+                        "(e.g. 4,1: the bench's size and one 4x smaller); default: --micro-batch-size")
     return p.parse_args(argv)
 
 
@@ -109,8 +129,10 @@ def rank(a) -> None:
     from paddle_ext.pipeline.timeline import measured_costs, measured_result
 
     PP = a.pp
-    configs = {"use_dualpipev": True} if a.kind == "dualpipev" else {"schedule_mode": MODES[a.kind]} if a.kind else None
-    init_pipeline(a, PP, pp_configs=configs)
+    configs = {"use_dualpipev": True} if a.kind == "dualpipev" else {"schedule_mode": MODES[a.kind]} if a.kind else {}
+    if P2P_PATHS[a.p2p] is not None:
+        configs["overlap_p2p_comm"] = P2P_PATHS[a.p2p]
+    init_pipeline(a, PP, pp_configs=configs or None)
     layers = (v_pipeline_model(*model_args(a), pp=PP) if a.kind in V_KINDS
               else pipeline_model(*model_args(a), pp=PP, vpp=a.vpp))
     model = fleet.distributed_model(layers)
@@ -129,23 +151,38 @@ def rank(a) -> None:
     if dist.get_rank() != 0:
         return
     schedule = model.schedule()
+    threaded = bool(model._overlap_p2p_comm)  # Paddle's attribute: the path this engine took
     predictions = []
     for step in range(1, a.steps + 1):
         per_rank = [g[step] for g in gathered]
-        sim = simulate(schedule, measured_costs(schedule, per_rank))
+        costs = measured_costs(schedule, per_rank)
+        sim = simulate(schedule, costs, async_p2p=threaded)
         real = measured_result(schedule, per_rank)
+        # The compute-only bubble the simulator predicts for these costs (transfers free),
+        # per rank, mean over ranks: what no transfer path can remove.
+        ideal = simulate(schedule.compute_only(), dataclasses.replace(costs, comm=0))
+        bubble = statistics.mean(float(ideal.makespan) - float(b) for b in ideal.busy)
+        # The compute thread's time outside compute in the step (transfers, the waits
+        # inside blocking ones, waits for a communication thread, bubble), per rank.
+        off = statistics.mean(float(real.makespan) - float(b) for b in real.busy)
         # transfers and the waits inside them (a blocking send/recv's span), per rank, mean over ranks
         comm = statistics.mean(sum(end - start for _, act, start, end in spans if isinstance(act, Comm))
                                for spans in per_rank)
         predictions.append((float(sim.makespan) + outside[step], float(sum(sim.busy)) / (PP * float(sim.makespan)),
-                            1 - float(sum(real.busy)) / (PP * float(real.makespan)), comm))
+                            1 - float(sum(real.busy)) / (PP * float(real.makespan)), comm, off, bubble,
+                            outside[step], costs.forward, costs.backward, costs.input_grad or 0.0,
+                            costs.weight_grad or 0.0))
     with open(a.out, "w") as f:
         json.dump({"step": statistics.median(times[1:]),
                    "predicted_step": statistics.median(p[0] for p in predictions),
                    "schedule_efficiency": statistics.median(p[1] for p in predictions),
                    "measured_bubble": statistics.median(p[2] for p in predictions),
                    "comm_and_wait": statistics.median(p[3] for p in predictions),
-                   "kind": schedule.kind}, f)
+                   "off_compute": statistics.median(p[4] for p in predictions),
+                   "ideal_bubble": statistics.median(p[5] for p in predictions),
+                   "outside": statistics.median(p[6] for p in predictions),
+                   "costs": [statistics.median(p[k] for p in predictions) for k in (7, 8, 9, 10)],
+                   "kind": schedule.kind + (" threads" if threaded else " blocking")}, f)
 
 
 def launch(a) -> None:
@@ -153,23 +190,42 @@ def launch(a) -> None:
     unknown = [k for k in kinds if k not in MODES]
     if unknown:
         raise SystemExit(f"--kinds: unknown kind(s) {unknown}; allowed: {sorted(k for k in MODES if k)}")
+    paths = [x.strip() for x in a.p2p.split(",") if x.strip()]
+    if not paths or any(x not in P2P_PATHS for x in paths):
+        raise SystemExit(f"--p2p = {a.p2p!r}: allowed: comma-separated {sorted(P2P_PATHS)}")
+    sizes = [int(x) for x in a.micro_batch_sizes.split(",") if x.strip()] or [a.micro_batch_size]
+    if any(x < 1 for x in sizes):
+        raise SystemExit(f"--micro-batch-sizes = {a.micro_batch_sizes!r}: each must be >= 1")
     if any(k in V_KINDS for k in kinds):
         a.vpp = max(a.vpp, 2)
     a.blocks = a.blocks or a.pp * a.vpp
+    for size in sizes:
+        a.micro_batch_size = size
+        launch_one_size(a, kinds, paths)
+
+
+def launch_one_size(a, kinds: list, paths: list) -> None:
     common = [x for x in passed_on(a, MODEL_ARGS) if not x.startswith("--vpp=")] + [f"--pp={a.pp}",
                                                                                     f"--blocks={a.blocks}"]
     # ABBA order (--repeats 2): on a shared machine a later launch can run faster or slower
-    # than an earlier one whatever its schedule; each kind's figures are its runs' means
-    order = [k for r in range(a.repeats) for k in (kinds if r % 2 == 0 else kinds[::-1])]
-    runs: dict = {k: [] for k in kinds}
-    for kind in order:
-        pipe_out = launch_ranks(__file__, [*common, f"--kind={kind}", f"--vpp={kind_vpp(kind, a.vpp)}"], "pipe.json",
+    # than an earlier one whatever its schedule; each variant's figures are its runs' means
+    variants = [(k, x) for k in kinds for x in paths]
+    order = [v for r in range(a.repeats) for v in (variants if r % 2 == 0 else variants[::-1])]
+    runs: dict = {v: [] for v in variants}
+    for kind, path in order:
+        pipe_out = launch_ranks(__file__, [*common, f"--kind={kind}", f"--vpp={kind_vpp(kind, a.vpp)}",
+                                           f"--p2p={path}"], "pipe.json",
                                 nproc=a.pp, prefix="pipeline_bench_", timeout=600)
         with open(pipe_out) as f:
-            runs[kind].append(json.load(f))
+            runs[(kind, path)].append(json.load(f))
         single_out = os.path.join(os.path.dirname(pipe_out), "single.json")
-    rows = [{key: (statistics.mean(r[key] for r in runs[k]) if key != "kind" else runs[k][0][key])
-             for key in runs[k][0]} for k in kinds]
+    def mean(values: list):
+        return [statistics.mean(x) for x in zip(*values)] if isinstance(values[0], list) else statistics.mean(values)
+
+    rows = [{key: (mean([r[key] for r in runs[v]]) if key != "kind" else runs[v][0][key])
+             for key in runs[v][0]} for v in variants]
+    for row, (_kind, path) in zip(rows, variants):
+        row["label"] = row["kind"] + (" (no key)" if path == "default" else "")
     subprocess.run([sys.executable, os.path.abspath(__file__), "--mode=single", f"--out={single_out}", *common,
                     f"--vpp={a.vpp}"],
                    env={**os.environ, **CPU_ENV}, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
@@ -177,18 +233,26 @@ def launch(a) -> None:
     with open(single_out) as f:
         t_single = json.load(f)["step"]
     pp = a.pp
-    print(f"pipeline_cpu: pp={pp} vpp={a.vpp} blocks={a.blocks} M={a.microbatches} hidden={a.hidden} seq={a.seq}, "
-          f"1 thread per process, {a.repeats} launch(es) per kind; reference single process: "
-          f"{t_single * 1e3:.1f} ms/step")
+    print(f"pipeline_cpu: pp={pp} vpp={a.vpp} blocks={a.blocks} M={a.microbatches} micro-batch size "
+          f"{a.micro_batch_size} hidden={a.hidden} seq={a.seq}, 1 thread per process, {a.repeats} launch(es) per "
+          f"variant; reference single process: {t_single * 1e3:.1f} ms/step; load average {os.getloadavg()[0]:.1f}")
+    ref = rows[0]
     for pipe in rows:
         measured = t_single / (pp * pipe["step"])
         predicted = t_single / (pp * pipe["predicted_step"])
-        print(f"{pipe['kind']:>16}: {pipe['step'] * 1e3:.1f} ms/step ({pipe['step'] / rows[0]['step']:.2f}x "
-              f"{rows[0]['kind']}), simulator's prediction {pipe['predicted_step'] * 1e3:.1f} ms/step; bubble "
-              f"measured {pipe['measured_bubble']:.1%}, simulated {1 - pipe['schedule_efficiency']:.1%}; transfers and "
-              f"waits {pipe['comm_and_wait'] * 1e3:.1f} ms/step per rank; efficiency "
+        print(f"{pipe['label']:>26}: {pipe['step'] * 1e3:.1f} ms/step ({pipe['step'] / ref['step']:.2f}x "
+              f"{ref['label']}), simulator's prediction {pipe['predicted_step'] * 1e3:.1f} ms/step; bubble "
+              f"measured {pipe['measured_bubble']:.1%}, simulated {1 - pipe['schedule_efficiency']:.1%}; efficiency "
               f"measured {measured:.1%}, predicted {predicted:.1%}: measured/predicted = {measured / predicted:.2f} "
               "(target >= 0.90)")
+        print(f"{'':>28}per rank and step: compute thread outside compute (transfers, waits, bubble) "
+              f"{pipe['off_compute'] * 1e3:.1f} ms ({pipe['off_compute'] / ref['off_compute']:.2f}x "
+              f"{ref['label']}) beside the simulator's compute-only bubble {pipe['ideal_bubble'] * 1e3:.1f} ms; "
+              f"spans of transfer actions {pipe['comm_and_wait'] * 1e3:.1f} ms; outside the schedule "
+              f"(optimizer, loss broadcast) {pipe['outside'] * 1e3:.1f} ms")
+        f, b, i, w = (x * 1e3 for x in pipe["costs"])
+        split = f", I {i:.1f} + W {w:.1f} = {i + w:.1f} ms" if i and w else ""
+        print(f"{'':>28}median per chunk and micro-batch: F {f:.1f} ms, B {b:.1f} ms{split}")
 
 
 def main(argv=None) -> None:

@@ -232,6 +232,16 @@ def pp_config(strategy: Any, key: str) -> Any:
     return PP_CONFIG_DEFAULTS[key]
 
 
+def pp_config_is_set(strategy: Any, key: str) -> bool:
+    """Whether the user gave pp_configs[key] (on any release), as opposed to its default:
+    for keys whose default the engine chooses per backend (overlap_p2p_comm)."""
+    extra = getattr(strategy, _EXTRA_ATTR, None) or {}
+    if key in extra:
+        return True
+    message = strategy.hybrid_configs["pp_configs"]
+    return key in {f.name for f in message.DESCRIPTOR.fields} and message.HasField(key)
+
+
 def check_schedule_mode(value: Any) -> str:
     """pp_configs["schedule_mode"], checked: one of SCHEDULE_MODES."""
     if not isinstance(value, str) or value not in SCHEDULE_MODES:

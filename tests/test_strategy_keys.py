@@ -115,3 +115,43 @@ def test_zero_bubble_with_the_overlap_scheduler_or_the_wrong_vpp_is_refused():
     check_schedule_kind(zb, vpp=1)  # overlap_p2p_comm works with it
     with pytest.raises(ValueError, match="schedule_mode = 'ZBH1' needs one virtual stage; this model has 2 .*'ZBVPP'"):
         check_schedule_kind(zb, vpp=2)
+
+
+@pytest.mark.parametrize("pp_configs, expected", [({}, None), ({"delay_scale_loss": True}, None),
+                                                  ({"overlap_p2p_comm": False}, False),
+                                                  ({"overlap_p2p_comm": True}, True),
+                                                  ("enable_overlap_p2p_comm", True)])
+def test_overlap_p2p_comm_left_unset_is_told_apart_from_false(pp_configs, expected):
+    # None: the engine picks per backend (runtime/transport.py); a value given either way is kept
+    assert PipelineSettings.from_strategy(strategy_with(pp_configs)).overlap_p2p is expected
+
+
+def test_unset_overlap_p2p_comm_is_threads_on_gloo_and_off_elsewhere():
+    from paddle_ext.pipeline.runtime.transport import default_overlap_p2p
+
+    class ProcessGroupGloo:
+        pass
+
+    class ProcessGroupNCCL:
+        pass
+
+    class Group:
+        def __init__(self, pg):
+            self.process_group = pg
+
+    assert default_overlap_p2p({1: Group(ProcessGroupGloo())}) is True
+    assert default_overlap_p2p({0: Group(ProcessGroupGloo()), 2: Group(ProcessGroupGloo())}) is True
+    assert default_overlap_p2p({1: Group(ProcessGroupNCCL())}) is False
+    assert default_overlap_p2p({0: Group(ProcessGroupGloo()), 2: Group(ProcessGroupNCCL())}) is False
+
+
+def test_unset_overlap_p2p_comm_keeps_the_v_placement_on_the_compute_thread():
+    from paddle_ext.pipeline.runtime.transport import default_overlap_p2p
+
+    class ProcessGroupGloo:
+        process_group = None
+
+    group = ProcessGroupGloo()
+    group.process_group = ProcessGroupGloo()
+    assert default_overlap_p2p({1: group}, "interleaved") is True
+    assert default_overlap_p2p({1: group}, "v") is False

@@ -46,7 +46,7 @@ from paddle_ext.pipeline.microbatch import MicroBatches
 from paddle_ext.pipeline.runtime.groups import link_groups, neighbour_groups
 from paddle_ext.pipeline.runtime.interpreter import Interpreter, StageProgram
 from paddle_ext.pipeline.runtime.split_backward import WeightGradStore
-from paddle_ext.pipeline.runtime.transport import P2P
+from paddle_ext.pipeline.runtime.transport import P2P, default_overlap_p2p
 from paddle_ext.pipeline.schedule import OVERLAP_SUFFIX, Schedule, generate, lower
 from paddle_ext.pipeline.schedule.generate import ZB_KINDS, split_cap
 from paddle_ext.pipeline.schedule.ir import I, W
@@ -61,7 +61,7 @@ class PipelineSettings:
     delay_scale_loss: bool = False
     kind: Optional[str] = None  # None: 1f1b for one virtual stage, interleaved otherwise
     fb_overlap: bool = False    # pp_configs.forward_backward_overlap_scheduler
-    overlap_p2p: bool = False   # pp_configs.overlap_p2p_comm
+    overlap_p2p: Optional[bool] = False  # pp_configs.overlap_p2p_comm; None: unset (per backend)
     grad_sync: Optional[GradSyncSettings] = None  # dp/sharding reduction (pipeline/grad_sync.py)
     dualpipev: bool = False     # pp_configs.use_dualpipev: Paddle's DualPipeVParallel's semantics
     # pp_configs.enable_dynamic_shape, or pipeline_configs.p2p_cache_shape = False: payload
@@ -71,7 +71,7 @@ class PipelineSettings:
 
     @classmethod
     def from_strategy(cls, strategy: Any) -> PipelineSettings:
-        from paddle_ext.config import pp_config, schedule_kind
+        from paddle_ext.config import pp_config, pp_config_is_set, schedule_kind
 
         kind = schedule_kind(strategy)
         dualpipev = bool(pp_config(strategy, "use_dualpipev"))
@@ -87,7 +87,8 @@ class PipelineSettings:
                    micro_batch_size=int(pipeline["micro_batch_size"]),
                    delay_scale_loss=bool(pp_config(strategy, "delay_scale_loss")),
                    fb_overlap=bool(pp_config(strategy, "forward_backward_overlap_scheduler")),
-                   overlap_p2p=bool(pp_config(strategy, "overlap_p2p_comm")),
+                   overlap_p2p=(bool(pp_config(strategy, "overlap_p2p_comm"))
+                                if pp_config_is_set(strategy, "overlap_p2p_comm") else None),
                    dynamic_shape=(bool(pp_config(strategy, "enable_dynamic_shape"))
                                   or not pipeline.get("p2p_cache_shape", True)),
                    grad_sync=GradSyncSettings.from_strategy(strategy))
@@ -152,6 +153,9 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         self.micro_batch_size = settings.micro_batch_size
         self._check_accumulate_steps(self.accumulate_steps)
         neighbours = neighbour_groups(hcg)
+        if settings.overlap_p2p is None:  # unset: the backend's default (runtime/transport.py)
+            threads = default_overlap_p2p(neighbours, self.placement)
+            settings = self.settings = dataclasses.replace(settings, overlap_p2p=threads)
         self._p2p = P2P(neighbours)
         self._links: Optional[tuple[P2P, P2P]] = None
         links: list = []

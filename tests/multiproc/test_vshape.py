@@ -113,3 +113,13 @@ def test_v_schedules_with_sharding_stage1_and_grad_scaler_equal_reference():
         assert f"rank {rank}: all configs passed" in log, result.describe()
         found = re.findall(rf"rank {rank}: dp=1 sharding=2 vpp=2 M=(\d+) .*scaler=True .*placement=v: on == off bitwise", log)
         assert found == ["6", "3"], result.describe()
+
+
+def test_dualpipev_pairs_with_communication_threads_equal_single_process():
+    # overlap_p2p_comm on the V placement: the last rank's F&B hands chunk 1's input grads to
+    # chunk 0 in place, with no receive to wait for (its p2p_async_handle must not wait either)
+    result = launch("vshape_parity.py", "2", "dualpipev:2:0:0,dualpipev:6:0:0:1", "overlap", nproc=2, timeout=200)
+    assert result.returncode == 0, result.describe()
+    for rank in range(2):
+        assert re.search(rf"rank {rank}: pp=2 dualpipev M=6 .*overlap_model=True p2p=True: bitwise equal "
+                         r"\(schedule dualpipev-overlap", result.logs[rank]), result.describe()

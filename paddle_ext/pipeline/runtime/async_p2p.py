@@ -87,6 +87,7 @@ class CommThread:
                 links.setdefault((action.peer, action.is_send), []).append(ticket)
         self.total = len(actions)
         self.events: list[tuple[int, Any, float, float]] = []
+        self.waited = 0.0  # seconds the main thread spent waiting for receives (activation / grads)
         self.error: Optional[BaseException] = None
         self._aborted = threading.Event()
         self._threads = [
@@ -157,8 +158,11 @@ class CommThread:
 
     # --- the threads --------------------------------------------------------------
     def _wait(self, event: threading.Event) -> None:
-        while not event.wait(_POLL):
-            self._check()
+        if not event.is_set():  # the main thread waits for a receive still in flight
+            start = self._clock()
+            while not event.wait(_POLL):
+                self._check()
+            self.waited += self._clock() - start
         self._check()
 
     def _check(self) -> None:

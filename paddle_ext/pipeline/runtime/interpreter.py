@@ -215,8 +215,11 @@ class Interpreter:
         self.peak_in_flight = 0
         # (position, action, start, end) in wall-clock seconds: ranks on one host share
         # the clock, so their spans line up into one measured timeline. With async_p2p
-        # a transfer's span runs from when the thread posted it to when it finished.
+        # a transfer's span runs from when the thread posted it to when it finished, and a
+        # compute's span leaves out the time it waited for a receive still in flight (its
+        # start moves later by that much; `waited` sums those waits), so busy time is compute.
         self.spans: list[tuple[int, Any, float, float]] = []
+        self.waited = 0.0
 
     def run(self) -> None:
         total = len(self.actions)
@@ -230,7 +233,12 @@ class Interpreter:
                 continue  # the communication thread does it
             try:
                 start = clock()
+                waited = self.comm.waited if self.comm is not None else 0.0
                 self._step(action)
+                if self.comm is not None:
+                    waited = self.comm.waited - waited
+                    self.waited += waited
+                    start += waited
                 self.spans.append((position, action, start, clock()))
             except PipelineStepError:
                 self._abort()
@@ -436,7 +444,8 @@ class Interpreter:
         grads_pending = False
         if prog.is_last(b.chunk):
             backward_input_grads = None
-        elif self.comm is not None and not self.comm.grads_done(b.chunk, b.mb):
+        elif (self.comm is not None and not prog.hands_over(b.chunk + 1)
+              and not self.comm.grads_done(b.chunk, b.mb)):
             # Upstream's contract: the buffers are filled once backward_handle_wait() returns.
             grads_pending = True
             backward_input_grads = self._grads_argument(b.chunk, b.mb,
@@ -479,7 +488,7 @@ class Interpreter:
                 comm.publish_activation(f.chunk, f.mb, output_tensor)
 
         def backward_wait() -> None:
-            if not prog.is_last(b.chunk):
+            if not prog.is_last(b.chunk) and not prog.hands_over(b.chunk + 1):  # a local hand-over has them
                 comm.grads(b.chunk, b.mb)
 
         def backward_send(input_tensor_grad: Any) -> None:

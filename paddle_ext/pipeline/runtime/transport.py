@@ -10,6 +10,10 @@ Transfers use synchronous send/recv on a two-rank group per neighbouring pair
 (the same API on gloo and NCCL, Paddle 2.6 and 3.x). On gloo a
 send blocks until the peer posts its recv, which is why the schedule's lowering
 orders every transfer globally (paddle_ext.pipeline.schedule.lower).
+
+Where they run: on the compute thread (this class, in the lowered order), or with
+pp_configs.overlap_p2p_comm on communication threads (async_p2p.py).
+`default_overlap_p2p` picks between them when the user left that key unset.
 """
 
 from __future__ import annotations
@@ -65,6 +69,24 @@ class PayloadMeta:
                 raise TypeError(f"pipeline stage outputs must be Tensors or tuples of Tensors; item {i} is {type(t).__name__}")
         metas = tuple(TensorMeta(_dtype_name(t), tuple(int(d) for d in t.shape), bool(t.stop_gradient)) for t in items)
         return cls(metas, isinstance(payload, (tuple, list)))
+
+
+# pp_configs.overlap_p2p_comm when the user did not set it, per backend. Gloo: the
+# communication threads, measured faster than every path without threads
+# (docs/zero_bubble.md, "Transfers": bench/pipeline_cpu.py --p2p blocking,threads,
+# bench/p2p_exchange_cpu.py). Other backends (NCCL): off, Paddle's default.
+DEFAULT_OVERLAP_P2P = {"gloo": True}
+
+
+def default_overlap_p2p(neighbours: dict[int, Any], placement: str = "interleaved") -> bool:
+    """overlap_p2p_comm for a pipeline whose links are `neighbours` (peer -> two-rank
+    group), when pp_configs leaves it unset: DEFAULT_OVERLAP_P2P of their backend. The V
+    placement (zb-v, dualpipev) keeps the compute thread's transfers: not measured there."""
+    if placement == "v":
+        return False
+    backends = {"gloo" if "gloo" in type(g.process_group).__name__.lower() else "other"
+                for g in neighbours.values()}
+    return len(backends) == 1 and DEFAULT_OVERLAP_P2P.get(backends.pop(), False)
 
 
 def as_tuple(payload: Any) -> tuple:

@@ -27,7 +27,9 @@ BAD = """schedule pp=2 vpp=1 microbatches=2 kind=hand-made
 def main() -> None:
     paddle_ext.enable()
     strategy = fleet.DistributedStrategy()
-    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 2}
+    # the compute thread's blocking transfers (gloo's default without the key is threads)
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 2,
+                               "pp_configs": {"overlap_p2p_comm": False}}
     strategy.pipeline_configs = {"accumulate_steps": M, "micro_batch_size": MBS}
     fleet.init(is_collective=True, strategy=strategy)
     model = fleet.distributed_model(pipeline_model(32, 16, 8, blocks=2, pp=2))

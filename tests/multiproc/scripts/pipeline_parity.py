@@ -48,9 +48,12 @@ def run_pair(hcg, vpp, m, delay, via_fleet, use_scaler=False, kind=None):
     if via_fleet:
         engine = fleet.distributed_model(model)
         assert isinstance(engine, PipelineEngine), type(engine)
+        # overlap_p2p_comm unset on gloo: the communication threads (transport.DEFAULT_OVERLAP_P2P)
+        assert engine._overlap_p2p_comm is True and engine._links is not None, engine.settings
         opt = fleet.distributed_optimizer(paddle.optimizer.Adam(1e-2, parameters=model.parameters()))
     else:
         engine = PipelineEngine(model, hcg, PipelineSettings(m, MBS, delay_scale_loss=delay, kind=kind))
+        assert engine._links is None  # overlap_p2p=False given: the compute thread's blocking transfers
         opt = paddle.optimizer.Adam(1e-2, parameters=model.parameters())
     recorder = GradRecorder(opt, mine)
     ref_opt = paddle.optimizer.Adam(1e-2, parameters=ref.parameters())
