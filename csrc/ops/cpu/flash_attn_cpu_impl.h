@@ -239,6 +239,7 @@ inline void pack_sequence(bool transposed, const float* rows, int64_t rs, int64_
   if (transposed) {
     for (int64_t j0 = 0; j0 < lk_pad; j0 += kPanel) {
       float* out = base + j0 * D;
+      prefetch_rows(rows + (j0 + kPanel) * rs, std::min<int64_t>(kPanel, lk - j0 - kPanel), rs, D);
       if (j0 + kPanel <= lk) {
         for (int64_t half = 0; half < kPanel; half += kW)
           for (int64_t d0 = 0; d0 < D; d0 += kW) V::transpose8(rows + (j0 + half) * rs + d0, rs, out + d0 * kPanel + half, kPanel);
@@ -255,6 +256,7 @@ inline void pack_sequence(bool transposed, const float* rows, int64_t rs, int64_
   for (int64_t n0 = 0; n0 < d_pad; n0 += kPanel) {  // panel n0 / 16: lk' x 16, columns n0 .. n0 + 15
     float* out = base + (n0 / kPanel) * lk_pad * kPanel;
     for (int64_t j = 0; j < lk_pad; ++j, out += kPanel) {
+      if (n0 == 0 && j + kPrefetchAhead < lk) prefetch_rows(rows + (j + kPrefetchAhead) * rs, 1, rs, D);
       for (int64_t c = 0; c < kPanel; c += kW)
         V::store(out + c, j < lk && n0 + c < D ? V::load(rows + j * rs + n0 + c) : V::zero());
     }
@@ -438,6 +440,12 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
       const float* dorows = ctx.dout + (s.q0 + i0) * q_rs + h * D;
       const float* orows = ctx.o + (s.q0 + i0) * q_rs + h * D;
       for (int64_t r = 0; r < rows; ++r) {
+        if (i0 + r + kPrefetchAhead < s.lq) {  // rows 2 KiB apart or more: no hardware prefetch across pages
+          const int64_t ahead = kPrefetchAhead * q_rs;
+          prefetch_rows(qrows + r * q_rs + ahead, 1, q_rs, D);
+          prefetch_rows(dorows + r * q_rs + ahead, 1, q_rs, D);
+          prefetch_rows(orows + r * q_rs + ahead, 1, q_rs, D);
+        }
         for (int64_t d = 0; d < D; ++d) {
           qs[r * D + d] = qrows[r * q_rs + d];  // scaled in exp2_sub2
           dos[r * D + d] = dorows[r * q_rs + d];
