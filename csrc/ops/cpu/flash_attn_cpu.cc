@@ -608,11 +608,12 @@ bool use_avx2() {
 #endif
 }
 
-void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, float* scratch) {
+void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, const float* kt, const float* vr,
+                   float* scratch) {
 #if defined(PADDLE_EXT_FA_X86)
-  if (use_avx2()) return avx2::forward_block(ctx, b, h, i0, scratch);
+  if (use_avx2()) return avx2::forward_block(ctx, b, h, i0, kt, vr, scratch);
 #endif
-  generic::forward_block(ctx, b, h, i0, scratch);
+  generic::forward_block(ctx, b, h, i0, kt, vr, scratch);
 }
 
 void softmax_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, float* scratch) {
@@ -650,24 +651,42 @@ void forward_aligned(const Problem& p, const void* q, const void* k, const void*
   ctx.q = as_f32(p.kind, q, p.total_q * p.heads_q * p.head_dim, &q32);
   ctx.k = as_f32(p.kind, k, p.total_k * p.heads_k * p.head_dim, &k32);
   ctx.v = as_f32(p.kind, v, p.total_k * p.heads_k * p.head_dim, &v32);
-  const Floats kt = pack(ctx, ctx.k, true, kSlotKt), vr = pack(ctx, ctx.v, false, kSlotVr);
-  ctx.kt = kt.get();
-  ctx.vr = vr.get();
   ctx.lse = lse;
   ctx.out = out;
   const std::vector<QueryTask> tasks = query_tasks(p);
   const int64_t workers = workers_for(static_cast<int64_t>(tasks.size()));
   const int64_t per_worker = scratch_floats(p.head_dim);
   const Floats scratch(kSlotScratch, workers * per_worker);
-  const int64_t q_rs = p.heads_q * p.head_dim;
+  const int64_t D = p.head_dim, q_rs = p.heads_q * D, k_rs = p.heads_k * D;
+  // K^T / V packed per worker, one (sequence, kv head) at a time, when a task
+  // of another one comes (tasks run head by head): the panels are written
+  // into a buffer that stays in cache for the head's query blocks. Packed
+  // once for the whole call beforehand, they went through memory (16 MiB
+  // written and read back at 8 x 512 tokens of 8 heads): about a twentieth of
+  // a forward over 512-token sequences, whose quadratic part is small. With
+  // more workers each packs the heads it meets, a linear cost.
+  int64_t max_slot = 0;
+  for (int64_t b = 0; b < p.batch; ++b)
+    max_slot = std::max(max_slot, ctx.row_panel_stride(b) * round_up(D, kPanel) / kPanel);
+  const Floats packed(kSlotKt, workers * 2 * max_slot);
+  std::vector<int64_t> holds(static_cast<size_t>(workers), -1);  // the (sequence, kv head) a worker's panels hold
   run_tasks(static_cast<int64_t>(tasks.size()), workers, [&](int64_t w, int64_t t) {
+    const int64_t b = tasks[t].b, kvh = tasks[t].h / (p.heads_q / p.heads_k);
+    float* kt = packed.get() + w * 2 * max_slot;
+    float* vr = kt + max_slot;
+    if (holds[w] != b * p.heads_k + kvh) {
+      const Seq s = seq(p, b);
+      pack_sequence(true, ctx.k + s.k0 * k_rs + kvh * D, k_rs, s.lk, D, kt);
+      pack_sequence(false, ctx.v + s.k0 * k_rs + kvh * D, k_rs, s.lk, D, vr);
+      holds[w] = b * p.heads_k + kvh;
+    }
     if (t + 1 < static_cast<int64_t>(tasks.size())) {  // the query rows of the task likely to follow
       const QueryTask& n = tasks[t + 1];
       const Seq s = seq(p, n.b);
       prefetch_rows(ctx.q + (s.q0 + n.i0) * q_rs + n.h * p.head_dim, std::min<int64_t>(kBlockQ, s.lq - n.i0), q_rs,
                     p.head_dim);
     }
-    forward_block(ctx, tasks[t].b, tasks[t].h, tasks[t].i0, scratch.get() + w * per_worker);
+    forward_block(ctx, b, tasks[t].h, tasks[t].i0, kt, vr, scratch.get() + w * per_worker);
   });
 }
 

@@ -264,7 +264,9 @@ inline void pack_sequence(bool transposed, const float* rows, int64_t rs, int64_
 }
 
 // Queries [i0, i0 + rows) of sequence b, query head h: out rows and lse.
-inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, float* scratch) {
+// kt / vr: the packed K^T / V panels of the block's (sequence, kv head).
+inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, const float* kt, const float* vr,
+                          float* scratch) {
   const Problem& p = ctx.p;
   const Seq s = seq(p, b);
   const int64_t D = p.head_dim, rows = std::min<int64_t>(kBlockQ, s.lq - i0);
@@ -287,9 +289,7 @@ inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
     mrow[r] = ninf;
     lrow[r] = 0.f;
   }
-  const int64_t base = ctx.pack_base(b, kvh), vps = ctx.row_panel_stride(b);
-  const float* kt = ctx.kt + base;
-  const float* vr = ctx.vr + base;
+  const int64_t vps = ctx.row_panel_stride(b);
   const uint64_t sub = dropout_subsequence(p.offset, b, p.heads_q, h);
   bool first = true;
   for (int64_t k0 = 0; k0 < kv_end; k0 += kBlockK) {
