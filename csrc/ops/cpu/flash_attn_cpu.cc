@@ -107,14 +107,13 @@ struct Ctx {
   const float* v = nullptr;
   const float* o = nullptr;
   const float* dout = nullptr;
-  // Packed copies, per (sequence, kv head): K^T / V^T as panels of 16 keys
-  // (panel j: D x 16 at j * 16 * D), K / V rows as panels of 16 columns
-  // (panel n: Lk' x 16 at n * Lk' * 16, Lk' = Lk rounded up to 16).
+  // Packed copies of one (sequence, kv head), pack_sequence's layout: K^T /
+  // V^T as panels of 16 keys (panel j: D x 16 at j * 16 * D), K / V rows as
+  // panels of 16 columns (panel n: Lk' x 16 at n * Lk' * 16, Lk' = Lk rounded
+  // up to 16). The forward and backward kernels pack them per worker; kt here
+  // is the softmax's copy of every (sequence, kv head).
   const float* kt = nullptr;
-  const float* kr = nullptr;
-  const float* vt = nullptr;
-  const float* vr = nullptr;
-  std::vector<int64_t> pack_offset;  // per sequence: where its panels start
+  std::vector<int64_t> pack_offset;  // per sequence: where its panels start in kt
   float* lse = nullptr;
   void* out = nullptr;
   void* softmax = nullptr;
@@ -193,7 +192,7 @@ const float* as_f32(FloatKind kind, const void* data, int64_t n, std::vector<flo
 // a causal forward at S = 2048. These costs are linear in S, but causal
 // attention does half the quadratic work, so they weigh twice as much on its
 // speed per FLOP. Larger requests get a fresh block, freed after the call.
-enum Slot { kSlotKt, kSlotKr, kSlotVt, kSlotVr, kSlotAcc, kSlotDq, kSlotPrep, kSlotScratch, kSlots };
+enum Slot { kSlotKt, kSlotAcc, kSlotDq, kSlotPrep, kSlotScratch, kSlots };
 constexpr int64_t kRetainFloats = int64_t{16} << 20;  // 64 MiB per calling thread
 
 class Floats {
@@ -623,12 +622,14 @@ void softmax_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, float* scra
   generic::softmax_block(ctx, b, h, i0, scratch);
 }
 
-void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk, int64_t chunks, float* dk_acc,
-                   float* dv_acc, float* dq_acc, float* prep, float* scratch) {
+void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk, int64_t chunks, const float* kt,
+                   const float* kr, const float* vt, float* dk_acc, float* dv_acc, float* dq_acc, float* prep,
+                   float* scratch) {
 #if defined(PADDLE_EXT_FA_X86)
-  if (use_avx2()) return avx2::backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, dq_acc, prep, scratch);
+  if (use_avx2())
+    return avx2::backward_unit(ctx, b, kvh, chunk, chunks, kt, kr, vt, dk_acc, dv_acc, dq_acc, prep, scratch);
 #endif
-  generic::backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, dq_acc, prep, scratch);
+  generic::backward_unit(ctx, b, kvh, chunk, chunks, kt, kr, vt, dk_acc, dv_acc, dq_acc, prep, scratch);
 }
 
 void pack_sequence(bool transposed, const float* rows, int64_t rs, int64_t lk, int64_t D, float* base) {
@@ -723,11 +724,6 @@ void backward_aligned(const Problem& p, const void* q, const void* k, const void
   ctx.v = as_f32(p.kind, v, p.total_k * k_rs, &v32);
   ctx.o = as_f32(p.kind, out, p.total_q * p.heads_q * D, &o32);
   ctx.dout = as_f32(p.kind, dout, p.total_q * p.heads_q * D, &do32);
-  const Floats kt = pack(ctx, ctx.k, true, kSlotKt), kr = pack(ctx, ctx.k, false, kSlotKr);
-  const Floats vt = pack(ctx, ctx.v, true, kSlotVt);
-  ctx.kt = kt.get();
-  ctx.kr = kr.get();
-  ctx.vt = vt.get();
   ctx.lse = const_cast<float*>(lse);
   ctx.dq = dq;
 
@@ -761,13 +757,31 @@ void backward_aligned(const Problem& p, const void* q, const void* k, const void
   // avx2:: agree on the size
   const int64_t prep_floats = max_blocks * generic::prep_block_floats(D);
   const Floats prep_buf(kSlotPrep, workers * prep_floats);
+  // K^T, K and V^T packed per worker for the unit's (sequence, kv head), as
+  // forward_aligned does (see there); consecutive chunks of one reuse them.
+  int64_t max_slot = 0;
+  for (int64_t b = 0; b < p.batch; ++b)
+    max_slot = std::max(max_slot, ctx.row_panel_stride(b) * round_up(D, kPanel) / kPanel);
+  const Floats packed(kSlotKt, workers * 3 * max_slot);
+  std::vector<int64_t> holds(static_cast<size_t>(workers), -1);
   run_tasks(units, workers, [&](int64_t w, int64_t t) {
     const int64_t b = order[t / (p.heads_k * chunks)];
     const int64_t kvh = (t / chunks) % p.heads_k, chunk = t % chunks;
+    float* kt = packed.get() + w * 3 * max_slot;
+    float* kr = kt + max_slot;
+    float* vt = kr + max_slot;
+    if (holds[w] != b * p.heads_k + kvh) {
+      const Seq s = seq(p, b);
+      const int64_t off = s.k0 * k_rs + kvh * D;
+      pack_sequence(true, ctx.k + off, k_rs, s.lk, D, kt);
+      pack_sequence(false, ctx.k + off, k_rs, s.lk, D, kr);
+      pack_sequence(true, ctx.v + off, k_rs, s.lk, D, vt);
+      holds[w] = b * p.heads_k + kvh;
+    }
     const int64_t slot = chunks == 1 ? w : (b * p.heads_k + kvh) * chunks + chunk;
     float* dk_acc = acc_buf.get() + slot * 2 * acc;
     float* dv_acc = dk_acc + acc;
-    backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, dq_buf.get() + w * max_lq * D,
+    backward_unit(ctx, b, kvh, chunk, chunks, kt, kr, vt, dk_acc, dv_acc, dq_buf.get() + w * max_lq * D,
                   prep_buf.get() + w * prep_floats, scratch.get() + w * per_worker);
     if (chunks == 1) {
       const Seq s = seq(p, b);

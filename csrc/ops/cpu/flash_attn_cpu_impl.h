@@ -403,8 +403,10 @@ inline int64_t prep_block_floats(int64_t D) {
 // prepared once into `prep` (prep_block_floats(D) per block): Q, dO, Q and dO as panels, lse in log2 units (two floats, see
 // exp2_sub2) and D = rowsum(dO * O). Accumulates dK, dV into dk_acc / dv_acc (Lk x D, zeroed
 // here) and dQ of one query head into dq_acc (Lq x D), from which it writes dq.
-inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk, int64_t chunks, float* dk_acc,
-                          float* dv_acc, float* dq_acc, float* prep, float* scratch) {
+// kt, kr, vt: the unit's packed K^T, K and V^T panels.
+inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk, int64_t chunks, const float* kt,
+                          const float* kr, const float* vt, float* dk_acc, float* dv_acc, float* dq_acc, float* prep,
+                          float* scratch) {
   const Problem& p = ctx.p;
   const Seq s = seq(p, b);
   const int64_t D = p.head_dim, group = p.heads_q / p.heads_k;
@@ -417,10 +419,7 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
   const float inf = std::numeric_limits<float>::infinity();
   std::fill(dk_acc, dk_acc + s.lk * D, 0.f);
   std::fill(dv_acc, dv_acc + s.lk * D, 0.f);
-  const int64_t base = ctx.pack_base(b, kvh), kps = ctx.row_panel_stride(b);
-  const float* kt = ctx.kt + base;
-  const float* kr = ctx.kr + base;
-  const float* vt = ctx.vt + base;
+  const int64_t kps = ctx.row_panel_stride(b);
   const float qscale = p.scale * kLog2e;
   const int64_t nblocks = (s.lq + kBlockQ - 1) / kBlockQ;
   const int64_t qps = kBlockQ * kPanel;
