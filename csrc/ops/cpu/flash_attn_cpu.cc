@@ -3,8 +3,9 @@
 // Forward: one task per (sequence, query head, block of kBlockQ queries),
 // scheduled dynamically over the threads, head by head and heaviest first
 // within a head (causal blocks near the bottom see the most keys). A task streams over blocks of kBlockK keys:
-// S = Q K^T on a register-blocked micro-kernel against K^T packed once into
-// panels of 16 keys, masks (causal, partial blocks only: fully masked blocks
+// S = Q K^T on a register-blocked micro-kernel against K^T packed into
+// panels of 16 keys (short sequences: by each worker, for the (sequence, kv
+// head) its task reads, so the panels stay in its cache; see KvPanels), masks (causal, partial blocks only: fully masked blocks
 // are never visited), rescales its running max / sum, and accumulates P V
 // straight from the value rows. Only the per-row log-sum-exp is kept.
 //
@@ -68,6 +69,19 @@ constexpr double kLn2d = 0.6931471805599453;
 
 int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
 
+// Rows the kernels' copy loops prefetch ahead of the one they read.
+constexpr int64_t kPrefetchAhead = 4;
+
+// Asks the caches for `rows` rows of `floats` floats, `rs` apart (rows <= 0:
+// nothing). Token rows of one head lie heads * head_dim floats apart (2 KiB
+// for 8 heads of 64), so a copy walking them crosses a page every row or two,
+// where the hardware prefetchers stop: each 256-byte row came from memory at
+// the copy, a few percent of a 512-token causal forward.
+inline void prefetch_rows(const float* p, int64_t rows, int64_t rs, int64_t floats) {
+  for (int64_t r = 0; r < rows; ++r)
+    for (int64_t f = 0; f < floats; f += 16) __builtin_prefetch(p + r * rs + f, 0, 2);
+}
+
 struct Seq {
   int64_t q0, lq, k0, lk;  // first token and length of the queries and of the keys
 };
@@ -94,14 +108,13 @@ struct Ctx {
   const float* v = nullptr;
   const float* o = nullptr;
   const float* dout = nullptr;
-  // Packed copies, per (sequence, kv head): K^T / V^T as panels of 16 keys
-  // (panel j: D x 16 at j * 16 * D), K / V rows as panels of 16 columns
-  // (panel n: Lk' x 16 at n * Lk' * 16, Lk' = Lk rounded up to 16).
+  // Packed copies of one (sequence, kv head), pack_sequence's layout: K^T /
+  // V^T as panels of 16 keys (panel j: D x 16 at j * 16 * D), K / V rows as
+  // panels of 16 columns (panel n: Lk' x 16 at n * Lk' * 16, Lk' = Lk rounded
+  // up to 16). The forward and backward kernels get theirs from KvPanels; kt
+  // here is the softmax's copy of every (sequence, kv head).
   const float* kt = nullptr;
-  const float* kr = nullptr;
-  const float* vt = nullptr;
-  const float* vr = nullptr;
-  std::vector<int64_t> pack_offset;  // per sequence: where its panels start
+  std::vector<int64_t> pack_offset;  // per sequence: where its panels start in a whole-call copy
   float* lse = nullptr;
   void* out = nullptr;
   void* softmax = nullptr;
@@ -180,7 +193,7 @@ const float* as_f32(FloatKind kind, const void* data, int64_t n, std::vector<flo
 // a causal forward at S = 2048. These costs are linear in S, but causal
 // attention does half the quadratic work, so they weigh twice as much on its
 // speed per FLOP. Larger requests get a fresh block, freed after the call.
-enum Slot { kSlotKt, kSlotKr, kSlotVt, kSlotVr, kSlotAcc, kSlotDq, kSlotPrep, kSlotScratch, kSlots };
+enum Slot { kSlotKt, kSlotAcc, kSlotDq, kSlotPrep, kSlotScratch, kSlots };
 constexpr int64_t kRetainFloats = int64_t{16} << 20;  // 64 MiB per calling thread
 
 class Floats {
@@ -218,14 +231,13 @@ class Floats {
 
 void pack_sequence(bool transposed, const float* rows, int64_t rs, int64_t lk, int64_t D, float* base);
 
-// Packs every (sequence, kv head) of src (float32 token rows of heads_k * D):
-// transposed (K^T panels) or as row panels, zero beyond the sequence / D. One
-// pass writing each packed element once, in the order it is laid out.
-Floats pack(const Ctx& ctx, const float* src, bool transposed, Slot slot) {
+// Packs every (sequence, kv head) of src (float32 token rows of heads_k * D)
+// into dst at ctx.pack_base(): transposed (K^T panels) or as row panels, zero
+// beyond the sequence / D. One pass writing each packed element once, in the
+// order it is laid out.
+void pack_into(const Ctx& ctx, const float* src, bool transposed, float* dst) {
   const Problem& p = ctx.p;
   const int64_t D = p.head_dim, k_rs = p.heads_k * D;
-  Floats packed(slot, ctx.pack_offset[p.batch]);
-  float* dst = packed.get();
   parallel_for(p.batch * p.heads_k, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t b = t / p.heads_k, kvh = t % p.heads_k;
@@ -233,8 +245,85 @@ Floats pack(const Ctx& ctx, const float* src, bool transposed, Slot slot) {
       pack_sequence(transposed, src + s.k0 * k_rs + kvh * D, k_rs, s.lk, D, dst + ctx.pack_base(b, kvh));
     }
   });
+}
+
+Floats pack(const Ctx& ctx, const float* src, bool transposed, Slot slot) {
+  Floats packed(slot, ctx.pack_offset[ctx.p.batch]);
+  pack_into(ctx, src, transposed, packed.get());
   return packed;
 }
+
+// Packed copies of one (sequence, kv head) beyond which KvPanels packs the
+// whole call at once: half of this machine's 1 MiB L2.
+constexpr int64_t kCachedPanelBytes = int64_t{512} << 10;
+
+// The packed K / V copies (each: K or V, transposed or as row panels) that
+// the forward and backward kernels read per (sequence, kv head). When one
+// (sequence, kv head)'s copies fit in cache, each worker packs the one its
+// task needs into its own buffer when a task of another comes (tasks and
+// units run head by head), and reads the panels from cache: packed once for
+// the whole call, they went through memory (16 MiB written and read back in
+// a forward over 8 x 512 tokens of 8 heads), about a twentieth of a forward
+// over 512-token sequences, whose quadratic part is small. Longer sequences
+// are packed once for the call, as before: their panels leave the cache
+// either way, and with more workers each would pack every head it meets.
+class KvPanels {
+ public:
+  struct Copy {
+    const float* src;
+    bool transposed;
+  };
+
+  KvPanels(const Ctx& ctx, std::vector<Copy> copies, int64_t workers)
+      : ctx_(ctx),
+        copies_(std::move(copies)),
+        slot_(largest_slot(ctx)),
+        per_worker_(static_cast<int64_t>(copies_.size()) * slot_ * static_cast<int64_t>(sizeof(float)) <=
+                    kCachedPanelBytes),
+        stride_(per_worker_ ? slot_ : ctx.pack_offset[ctx.p.batch]),
+        buf_(kSlotKt, static_cast<int64_t>(copies_.size()) * stride_ * (per_worker_ ? workers : 1)),
+        holds_(static_cast<size_t>(workers), -1) {
+    if (per_worker_) return;
+    for (size_t c = 0; c < copies_.size(); ++c)
+      pack_into(ctx, copies_[c].src, copies_[c].transposed, buf_.get() + c * stride_);
+  }
+
+  // out[c]: copy c of (sequence b, kv head kvh) for worker w.
+  void get(int64_t w, int64_t b, int64_t kvh, const float** out) {
+    const int64_t n = static_cast<int64_t>(copies_.size());
+    if (!per_worker_) {
+      for (int64_t c = 0; c < n; ++c) out[c] = buf_.get() + c * stride_ + ctx_.pack_base(b, kvh);
+      return;
+    }
+    float* mine = buf_.get() + w * n * stride_;
+    const int64_t key = b * ctx_.p.heads_k + kvh;
+    if (holds_[w] != key) {
+      const Seq s = seq(ctx_.p, b);
+      const int64_t D = ctx_.p.head_dim, k_rs = ctx_.p.heads_k * D;
+      for (int64_t c = 0; c < n; ++c)
+        pack_sequence(copies_[c].transposed, copies_[c].src + s.k0 * k_rs + kvh * D, k_rs, s.lk, D,
+                      mine + c * stride_);
+      holds_[w] = key;
+    }
+    for (int64_t c = 0; c < n; ++c) out[c] = mine + c * stride_;
+  }
+
+ private:
+  static int64_t largest_slot(const Ctx& ctx) {  // floats of one (sequence, kv head) copy
+    int64_t slot = 0;
+    for (int64_t b = 0; b < ctx.p.batch; ++b)
+      slot = std::max(slot, ctx.row_panel_stride(b) * round_up(ctx.p.head_dim, kPanel) / kPanel);
+    return slot;
+  }
+
+  const Ctx& ctx_;
+  const std::vector<Copy> copies_;
+  const int64_t slot_;
+  const bool per_worker_;
+  const int64_t stride_;  // floats from one copy to the next
+  const Floats buf_;
+  std::vector<int64_t> holds_;  // per worker: the (sequence, kv head) its buffer holds, or -1
+};
 
 // The query rows one key column's startend_row_indices entry `se` hides, as
 // two intervals [iv[0], iv[1]) and [iv[2], iv[3]) (see Problem::startend).
@@ -506,8 +595,9 @@ struct VecAvx2 {
     }
   }
   // c[i * c_rs + r] = a[r * a_rs + i], r, i < 8: unpack pairs, then 64-bit
-  // shuffles, then 128-bit halves.
-  static void transpose8(const float* a, int64_t a_rs, float* c, int64_t c_rs) {
+  // shuffles, then 128-bit halves. Inlined by force: as a call (GCC keeps it
+  // out of line) it took ~2.5% of a 512-token causal forward.
+  __attribute__((always_inline)) static inline void transpose8(const float* a, int64_t a_rs, float* c, int64_t c_rs) {
     __m256 r[8], t[8];
     for (int i = 0; i < 8; ++i) r[i] = _mm256_loadu_ps(a + i * a_rs);
     for (int i = 0; i < 8; i += 2) {
@@ -594,11 +684,12 @@ bool use_avx2() {
 #endif
 }
 
-void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, float* scratch) {
+void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, const float* kt, const float* vr,
+                   float* scratch) {
 #if defined(PADDLE_EXT_FA_X86)
-  if (use_avx2()) return avx2::forward_block(ctx, b, h, i0, scratch);
+  if (use_avx2()) return avx2::forward_block(ctx, b, h, i0, kt, vr, scratch);
 #endif
-  generic::forward_block(ctx, b, h, i0, scratch);
+  generic::forward_block(ctx, b, h, i0, kt, vr, scratch);
 }
 
 void softmax_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, float* scratch) {
@@ -608,12 +699,14 @@ void softmax_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, float* scra
   generic::softmax_block(ctx, b, h, i0, scratch);
 }
 
-void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk, int64_t chunks, float* dk_acc,
-                   float* dv_acc, float* dq_acc, float* prep, float* scratch) {
+void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk, int64_t chunks, const float* kt,
+                   const float* kr, const float* vt, float* dk_acc, float* dv_acc, float* dq_acc, float* prep,
+                   float* scratch) {
 #if defined(PADDLE_EXT_FA_X86)
-  if (use_avx2()) return avx2::backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, dq_acc, prep, scratch);
+  if (use_avx2())
+    return avx2::backward_unit(ctx, b, kvh, chunk, chunks, kt, kr, vt, dk_acc, dv_acc, dq_acc, prep, scratch);
 #endif
-  generic::backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, dq_acc, prep, scratch);
+  generic::backward_unit(ctx, b, kvh, chunk, chunks, kt, kr, vt, dk_acc, dv_acc, dq_acc, prep, scratch);
 }
 
 void pack_sequence(bool transposed, const float* rows, int64_t rs, int64_t lk, int64_t D, float* base) {
@@ -636,17 +729,25 @@ void forward_aligned(const Problem& p, const void* q, const void* k, const void*
   ctx.q = as_f32(p.kind, q, p.total_q * p.heads_q * p.head_dim, &q32);
   ctx.k = as_f32(p.kind, k, p.total_k * p.heads_k * p.head_dim, &k32);
   ctx.v = as_f32(p.kind, v, p.total_k * p.heads_k * p.head_dim, &v32);
-  const Floats kt = pack(ctx, ctx.k, true, kSlotKt), vr = pack(ctx, ctx.v, false, kSlotVr);
-  ctx.kt = kt.get();
-  ctx.vr = vr.get();
   ctx.lse = lse;
   ctx.out = out;
   const std::vector<QueryTask> tasks = query_tasks(p);
   const int64_t workers = workers_for(static_cast<int64_t>(tasks.size()));
   const int64_t per_worker = scratch_floats(p.head_dim);
   const Floats scratch(kSlotScratch, workers * per_worker);
+  const int64_t q_rs = p.heads_q * p.head_dim;
+  KvPanels panels(ctx, {{ctx.k, true}, {ctx.v, false}}, workers);
   run_tasks(static_cast<int64_t>(tasks.size()), workers, [&](int64_t w, int64_t t) {
-    forward_block(ctx, tasks[t].b, tasks[t].h, tasks[t].i0, scratch.get() + w * per_worker);
+    const int64_t b = tasks[t].b;
+    const float* kv[2];  // K^T, V
+    panels.get(w, b, tasks[t].h / (p.heads_q / p.heads_k), kv);
+    if (t + 1 < static_cast<int64_t>(tasks.size())) {  // the query rows of the task likely to follow
+      const QueryTask& n = tasks[t + 1];
+      const Seq s = seq(p, n.b);
+      prefetch_rows(ctx.q + (s.q0 + n.i0) * q_rs + n.h * p.head_dim, std::min<int64_t>(kBlockQ, s.lq - n.i0), q_rs,
+                    p.head_dim);
+    }
+    forward_block(ctx, b, tasks[t].h, tasks[t].i0, kv[0], kv[1], scratch.get() + w * per_worker);
   });
 }
 
@@ -683,11 +784,6 @@ void backward_aligned(const Problem& p, const void* q, const void* k, const void
   ctx.v = as_f32(p.kind, v, p.total_k * k_rs, &v32);
   ctx.o = as_f32(p.kind, out, p.total_q * p.heads_q * D, &o32);
   ctx.dout = as_f32(p.kind, dout, p.total_q * p.heads_q * D, &do32);
-  const Floats kt = pack(ctx, ctx.k, true, kSlotKt), kr = pack(ctx, ctx.k, false, kSlotKr);
-  const Floats vt = pack(ctx, ctx.v, true, kSlotVt);
-  ctx.kt = kt.get();
-  ctx.kr = kr.get();
-  ctx.vt = vt.get();
   ctx.lse = const_cast<float*>(lse);
   ctx.dq = dq;
 
@@ -721,13 +817,16 @@ void backward_aligned(const Problem& p, const void* q, const void* k, const void
   // avx2:: agree on the size
   const int64_t prep_floats = max_blocks * generic::prep_block_floats(D);
   const Floats prep_buf(kSlotPrep, workers * prep_floats);
+  KvPanels panels(ctx, {{ctx.k, true}, {ctx.k, false}, {ctx.v, true}}, workers);  // K^T, K, V^T
   run_tasks(units, workers, [&](int64_t w, int64_t t) {
     const int64_t b = order[t / (p.heads_k * chunks)];
     const int64_t kvh = (t / chunks) % p.heads_k, chunk = t % chunks;
+    const float* kv[3];
+    panels.get(w, b, kvh, kv);
     const int64_t slot = chunks == 1 ? w : (b * p.heads_k + kvh) * chunks + chunk;
     float* dk_acc = acc_buf.get() + slot * 2 * acc;
     float* dv_acc = dk_acc + acc;
-    backward_unit(ctx, b, kvh, chunk, chunks, dk_acc, dv_acc, dq_buf.get() + w * max_lq * D,
+    backward_unit(ctx, b, kvh, chunk, chunks, kv[0], kv[1], kv[2], dk_acc, dv_acc, dq_buf.get() + w * max_lq * D,
                   prep_buf.get() + w * prep_floats, scratch.get() + w * per_worker);
     if (chunks == 1) {
       const Seq s = seq(p, b);

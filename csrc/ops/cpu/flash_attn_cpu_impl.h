@@ -239,6 +239,7 @@ inline void pack_sequence(bool transposed, const float* rows, int64_t rs, int64_
   if (transposed) {
     for (int64_t j0 = 0; j0 < lk_pad; j0 += kPanel) {
       float* out = base + j0 * D;
+      prefetch_rows(rows + (j0 + kPanel) * rs, std::min<int64_t>(kPanel, lk - j0 - kPanel), rs, D);
       if (j0 + kPanel <= lk) {
         for (int64_t half = 0; half < kPanel; half += kW)
           for (int64_t d0 = 0; d0 < D; d0 += kW) V::transpose8(rows + (j0 + half) * rs + d0, rs, out + d0 * kPanel + half, kPanel);
@@ -255,6 +256,7 @@ inline void pack_sequence(bool transposed, const float* rows, int64_t rs, int64_
   for (int64_t n0 = 0; n0 < d_pad; n0 += kPanel) {  // panel n0 / 16: lk' x 16, columns n0 .. n0 + 15
     float* out = base + (n0 / kPanel) * lk_pad * kPanel;
     for (int64_t j = 0; j < lk_pad; ++j, out += kPanel) {
+      if (n0 == 0 && j + kPrefetchAhead < lk) prefetch_rows(rows + (j + kPrefetchAhead) * rs, 1, rs, D);
       for (int64_t c = 0; c < kPanel; c += kW)
         V::store(out + c, j < lk && n0 + c < D ? V::load(rows + j * rs + n0 + c) : V::zero());
     }
@@ -262,7 +264,9 @@ inline void pack_sequence(bool transposed, const float* rows, int64_t rs, int64_
 }
 
 // Queries [i0, i0 + rows) of sequence b, query head h: out rows and lse.
-inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, float* scratch) {
+// kt / vr: the packed K^T / V panels of the block's (sequence, kv head).
+inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, const float* kt, const float* vr,
+                          float* scratch) {
   const Problem& p = ctx.p;
   const Seq s = seq(p, b);
   const int64_t D = p.head_dim, rows = std::min<int64_t>(kBlockQ, s.lq - i0);
@@ -285,9 +289,7 @@ inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
     mrow[r] = ninf;
     lrow[r] = 0.f;
   }
-  const int64_t base = ctx.pack_base(b, kvh), vps = ctx.row_panel_stride(b);
-  const float* kt = ctx.kt + base;
-  const float* vr = ctx.vr + base;
+  const int64_t vps = ctx.row_panel_stride(b);
   const uint64_t sub = dropout_subsequence(p.offset, b, p.heads_q, h);
   bool first = true;
   for (int64_t k0 = 0; k0 < kv_end; k0 += kBlockK) {
@@ -401,8 +403,10 @@ inline int64_t prep_block_floats(int64_t D) {
 // prepared once into `prep` (prep_block_floats(D) per block): Q, dO, Q and dO as panels, lse in log2 units (two floats, see
 // exp2_sub2) and D = rowsum(dO * O). Accumulates dK, dV into dk_acc / dv_acc (Lk x D, zeroed
 // here) and dQ of one query head into dq_acc (Lq x D), from which it writes dq.
-inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk, int64_t chunks, float* dk_acc,
-                          float* dv_acc, float* dq_acc, float* prep, float* scratch) {
+// kt, kr, vt: the unit's packed K^T, K and V^T panels.
+inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk, int64_t chunks, const float* kt,
+                          const float* kr, const float* vt, float* dk_acc, float* dv_acc, float* dq_acc, float* prep,
+                          float* scratch) {
   const Problem& p = ctx.p;
   const Seq s = seq(p, b);
   const int64_t D = p.head_dim, group = p.heads_q / p.heads_k;
@@ -415,10 +419,7 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
   const float inf = std::numeric_limits<float>::infinity();
   std::fill(dk_acc, dk_acc + s.lk * D, 0.f);
   std::fill(dv_acc, dv_acc + s.lk * D, 0.f);
-  const int64_t base = ctx.pack_base(b, kvh), kps = ctx.row_panel_stride(b);
-  const float* kt = ctx.kt + base;
-  const float* kr = ctx.kr + base;
-  const float* vt = ctx.vt + base;
+  const int64_t kps = ctx.row_panel_stride(b);
   const float qscale = p.scale * kLog2e;
   const int64_t nblocks = (s.lq + kBlockQ - 1) / kBlockQ;
   const int64_t qps = kBlockQ * kPanel;
@@ -438,6 +439,12 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
       const float* dorows = ctx.dout + (s.q0 + i0) * q_rs + h * D;
       const float* orows = ctx.o + (s.q0 + i0) * q_rs + h * D;
       for (int64_t r = 0; r < rows; ++r) {
+        if (i0 + r + kPrefetchAhead < s.lq) {  // rows 2 KiB apart or more: no hardware prefetch across pages
+          const int64_t ahead = kPrefetchAhead * q_rs;
+          prefetch_rows(qrows + r * q_rs + ahead, 1, q_rs, D);
+          prefetch_rows(dorows + r * q_rs + ahead, 1, q_rs, D);
+          prefetch_rows(orows + r * q_rs + ahead, 1, q_rs, D);
+        }
         for (int64_t d = 0; d < D; ++d) {
           qs[r * D + d] = qrows[r * q_rs + d];  // scaled in exp2_sub2
           dos[r * D + d] = dorows[r * q_rs + d];
