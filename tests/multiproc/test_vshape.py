@@ -115,6 +115,7 @@ def test_v_schedules_with_sharding_stage1_and_grad_scaler_equal_reference():
         assert found == ["6", "3"], result.describe()
 
 
+@needs_native_v  # overlap_gpt's V model is Paddle 3.3's use_dualpipev layer, as in the F&B test above
 def test_dualpipev_pairs_with_communication_threads_equal_single_process():
     # overlap_p2p_comm on the V placement: the last rank's F&B hands chunk 1's input grads to
     # chunk 0 in place, with no receive to wait for (its p2p_async_handle must not wait either)
