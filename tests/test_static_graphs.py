@@ -98,20 +98,26 @@ def _dynamic(data):
     return [o.numpy() for o in outs], [g.numpy() for g in grads]
 
 
-def test_static_program_runs_the_plugin_ops_and_equals_dynamic(enabled):
-    data = _inputs()
-    want_outs, want_grads = _dynamic(data)
+def _run_static(model, data, leaves):
+    """model(inputs) -> (outs, loss) as a static program fed `data`, with `leaves` wanting
+    gradients: the fetched outs, then the leaves' gradients."""
     paddle.enable_static()
     main, startup = paddle.static.Program(), paddle.static.Program()
     with paddle.static.program_guard(main, startup):
         t = {name: paddle.static.data(name, list(value.shape), str(value.dtype)) for name, value in data.items()}
-        for name in LEAVES:
+        for name in leaves:
             t[name].stop_gradient = False
-        outs, loss = _model(t)
-        grads = paddle.static.gradients([loss], [t[name] for name in LEAVES])
+        outs, loss = model(t)
+        grads = paddle.static.gradients([loss], [t[name] for name in leaves])
     exe = paddle.static.Executor(paddle.CPUPlace())
     exe.run(startup)
-    got = exe.run(main, feed=data, fetch_list=[*outs, *grads])
+    return exe.run(main, feed=data, fetch_list=[*outs, *grads])
+
+
+def test_static_program_runs_the_plugin_ops_and_equals_dynamic(enabled):
+    data = _inputs()
+    want_outs, want_grads = _dynamic(data)
+    got = _run_static(_model, data, LEAVES)
     names = (*OUT_NAMES, *(f"d{name}" for name in LEAVES))
     for name, a, b in zip(names, got, want_outs + want_grads):
         np.testing.assert_array_equal(a, b, err_msg=name)
@@ -185,18 +191,8 @@ def test_static_backward_with_one_of_qkv_frozen(enabled, frozen):
         t[name].stop_gradient = False
     want_outs, loss = _frozen_model(t)
     want = paddle.grad([loss], [t[name] for name in leaves])
-    paddle.enable_static()
-    main, startup = paddle.static.Program(), paddle.static.Program()
-    with paddle.static.program_guard(main, startup):
-        s = {name: paddle.static.data(name, list(value.shape), str(value.dtype)) for name, value in data.items()}
-        for name in leaves:
-            s[name].stop_gradient = False
-        outs, loss = _frozen_model(s)
-        grads = paddle.static.gradients([loss], [s[name] for name in leaves])
-    exe = paddle.static.Executor(paddle.CPUPlace())
-    exe.run(startup)
-    got = exe.run(main, feed=data, fetch_list=[*outs, *grads])
-    for name, a, b in zip([f"out{i}" for i in range(len(outs))] + [f"d{n}" for n in leaves], got,
+    got = _run_static(_frozen_model, data, leaves)
+    for name, a, b in zip([f"out{i}" for i in range(len(want_outs))] + [f"d{n}" for n in leaves], got,
                           [o.numpy() for o in want_outs] + [g.numpy() for g in want]):
         np.testing.assert_array_equal(a, b, err_msg=name)
 
