@@ -33,7 +33,7 @@ per-call work weigh more on a small quadratic part).
 
 Run: python bench/flash_attn_cpu.py [--seqs 512,1024,2048,4096] [--threads 1,2]
      [--repeats 5] [--torch-python /path/to/python] [--memory-seq 4096]
-     [--paddle-max-seq 4096] [--clock wall|cpu]
+     [--paddle-max-seq 4096] [--clock wall|cpu] [--flashmask-repeats 15]
 (--clock cpu times process CPU time, with --threads 1: steadier on a loaded
 machine, since it leaves out the time spent waiting for a core.)
 With more than one thread it runs with KMP_BLOCKTIME=0 unless told
@@ -273,6 +273,20 @@ def quiet_openmp(thread_counts: list[int]) -> str | None:
             "math path at > 1 thread, so the Paddle ratios there flatter paddle_ext)")
 
 
+def warm_up(impls: list, seconds: float) -> None:
+    """Calls each of `impls` once, then all of them in turn until `seconds` have passed.
+    After a 1-thread phase this VM's second core stays slow for a few hundred ms once
+    work returns to it (measured: 2-thread fwd+bwd calls over 8 x 512 tokens took 74-76 ms
+    for the first three, then 46-55 ms), longer than one warm-up call of a 14 ms forward;
+    a second of work on both cores brings it back before anything is timed."""
+    for impl in impls:
+        impl()
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        for impl in impls:
+            impl()
+
+
 # ------------------------------------------------------------------- memory
 
 def _status_kb(field: str) -> int:
@@ -329,6 +343,9 @@ def main() -> None:
     parser.add_argument("--modes", default="fwd,fwd+bwd")
     parser.add_argument("--flashmask-seq", type=int, default=4096, help="0 skips the FlashMask rows")
     parser.add_argument("--flashmask-docs", default="2,8")
+    parser.add_argument("--flashmask-repeats", type=int, default=15,
+                        help="interleaved calls per FlashMask row (its 8-document forward takes ~14 ms at "
+                             "2 threads: a median of 5 moved with every slow phase of this VM's second core)")
     parser.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                         help="cpu: process CPU time (only with --threads 1), for a loaded machine")
     args = parser.parse_args()
@@ -440,7 +457,7 @@ def main() -> None:
     if args.flashmask_seq:
         s, docs_list = args.flashmask_seq, [int(x) for x in args.flashmask_docs.split(",")]
         print(f"\nFlashMask, causal document mask, S={s}: time per unmasked FLOP / plain causal's "
-              "(target <= 1.2):")
+              f"(target <= 1.2); medians of {args.flashmask_repeats} interleaved calls:")
         for threads in thread_counts:
             for backward in modes:
                 impls = {"causal": Paddle("ext", 1, s, h, d, True, backward)}
@@ -450,8 +467,8 @@ def main() -> None:
                 samples = {name: [] for name in impls}
                 for impl in impls.values():
                     impl.set_threads(threads)
-                    impl()  # warm-up
-                for _ in range(args.repeats):
+                warm_up(list(impls.values()), 1.0 if threads > 1 else 0.0)
+                for _ in range(args.flashmask_repeats):
                     for name, impl in impls.items():
                         if threads > 1:
                             impl()

@@ -202,8 +202,11 @@ def test_half_inputs_are_computed_in_float32(dtype, tol):
         check("dv", as_np(dv)[i], r[4], tol)
 
 
-def test_threads_do_not_change_the_forward_bits():
-    q, k, v, dout = padded_case(1, 200, 200, 4, 4, 64, salt=13)
+# (1, 200, 4, 4): query blocks handed out one by one; (8, 40, 4, 2): 16 short (sequence,
+# kv head) runs, each handed to one worker whole (its GQA heads together)
+@pytest.mark.parametrize("batch,seq,heads,kv_heads", [(1, 200, 4, 4), (8, 40, 4, 2)])
+def test_threads_do_not_change_the_forward_bits(batch, seq, heads, kv_heads):
+    q, k, v, dout = padded_case(batch, seq, seq, heads, kv_heads, 64, salt=13)
     before = ops.get_num_threads()
     try:
         ops.set_num_threads(1)
@@ -216,6 +219,9 @@ def test_threads_do_not_change_the_forward_bits():
     np.testing.assert_array_equal(one[1].numpy(), two[1].numpy())
     for a, b in zip(one[2:], two[2:]):  # dK / dV chunks may sum in another order
         np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-5, atol=1e-6)
+    for i in range(batch):
+        r = reference(q[i], k[i], v[i], dout[i], 64 ** -0.5, True)
+        check("out", two[0].numpy()[i], r[0], 1e-5)
 
 
 def test_matches_paddles_own_cpu_flash_attention():
