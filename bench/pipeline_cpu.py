@@ -126,7 +126,12 @@ def rank(a) -> None:
     from examples.tiny_gpt import pattern_batch, pipeline_model, v_pipeline_model
     from paddle_ext.pipeline.schedule import simulate
     from paddle_ext.pipeline.schedule.ir import Comm
-    from paddle_ext.pipeline.timeline import measured_costs, measured_result
+    from paddle_ext.pipeline.timeline import (
+        busy_share,
+        measured_costs,
+        measured_result,
+        replayed_costs,
+    )
 
     PP = a.pp
     configs = {"use_dualpipev": True} if a.kind == "dualpipev" else {"schedule_mode": MODES[a.kind]} if a.kind else {}
@@ -157,6 +162,7 @@ def rank(a) -> None:
         per_rank = [g[step] for g in gathered]
         costs = measured_costs(schedule, per_rank)
         sim = simulate(schedule, costs, async_p2p=threaded)
+        replay = simulate(schedule, replayed_costs(schedule, per_rank), async_p2p=threaded)
         real = measured_result(schedule, per_rank)
         # The compute-only bubble the simulator predicts for these costs (transfers free),
         # per rank, mean over ranks: what no transfer path can remove.
@@ -171,7 +177,8 @@ def rank(a) -> None:
         predictions.append((float(sim.makespan) + outside[step], float(sum(sim.busy)) / (PP * float(sim.makespan)),
                             1 - float(sum(real.busy)) / (PP * float(real.makespan)), comm, off, bubble,
                             outside[step], costs.forward, costs.backward, costs.input_grad or 0.0,
-                            costs.weight_grad or 0.0))
+                            costs.weight_grad or 0.0, float(replay.makespan) + outside[step],
+                            busy_share(real, min(PP, os.cpu_count() or 1))))
     with open(a.out, "w") as f:
         json.dump({"step": statistics.median(times[1:]),
                    "predicted_step": statistics.median(p[0] for p in predictions),
@@ -182,6 +189,8 @@ def rank(a) -> None:
                    "ideal_bubble": statistics.median(p[5] for p in predictions),
                    "outside": statistics.median(p[6] for p in predictions),
                    "costs": [statistics.median(p[k] for p in predictions) for k in (7, 8, 9, 10)],
+                   "replayed_step": statistics.median(p[11] for p in predictions),
+                   "cores_saturated": statistics.median(p[12] for p in predictions),
                    "kind": schedule.kind + (" threads" if threaded else " blocking")}, f)
 
 
@@ -250,6 +259,15 @@ def launch_one_size(a, kinds: list, paths: list) -> None:
               f"{ref['label']}) beside the simulator's compute-only bubble {pipe['ideal_bubble'] * 1e3:.1f} ms; "
               f"spans of transfer actions {pipe['comm_and_wait'] * 1e3:.1f} ms; outside the schedule "
               f"(optimizer, loss broadcast) {pipe['outside'] * 1e3:.1f} ms")
+        replayed = t_single / (pp * pipe["replayed_step"])
+        print(f"{'':>28}the simulator replaying each action's own measured time (not the medians): "
+              f"{pipe['replayed_step'] * 1e3:.1f} ms/step, efficiency {replayed:.1%}: measured/replayed = "
+              f"{measured / replayed:.2f} (what the runtime adds beyond the schedule's dependencies)")
+        cores = min(pp, os.cpu_count() or 1)
+        if cores < pp:
+            print(f"{'':>28}{pp} ranks on {cores} cores: {cores} or more ranks compute at once for "
+                  f"{pipe['cores_saturated']:.0%} of the step (the cores are saturated then, whatever the "
+                  "schedule; the medians above price every action as if it had a core of its own)")
         f, b, i, w = (x * 1e3 for x in pipe["costs"])
         split = f", I {i:.1f} + W {w:.1f} = {i + w:.1f} ms" if i and w else ""
         print(f"{'':>28}median per chunk and micro-batch: F {f:.1f} ms, B {b:.1f} ms{split}")

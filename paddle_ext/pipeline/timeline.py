@@ -10,6 +10,7 @@ for a prediction on the same footing as the measurement.
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from statistics import median
 from typing import Any, Sequence
 
@@ -72,3 +73,35 @@ def measured_costs(schedule: Schedule, spans_per_rank: Sequence[RankSpans]) -> C
         b_all = [split["input_grad"] + split["weight_grad"]] if split else [tiny]
     return Costs(forward=med(f_all), backward=med(b_all), comm=median(fastest),
                  per_stage=per_stage, **split)
+
+
+def replayed_costs(schedule: Schedule, spans_per_rank: Sequence[RankSpans]) -> Costs:
+    """measured_costs with every compute priced at its own measured span (per_action).
+
+    Medians assume an action costs the same whenever it runs. That holds while each rank
+    has a core of its own; with more ranks than cores (pp=4 on two cores) an action run
+    while every rank computes takes up to twice as long as one run in another rank's
+    bubble, and a median prices both the same. Replaying each action's own time keeps
+    that slowdown where it happened, so the simulated makespan differs from the measured
+    one only by what the runtime adds beyond the schedule's dependencies (transfers,
+    waits, Python between actions)."""
+    costs = measured_costs(schedule, spans_per_rank)
+    tiny = 1e-9
+    per_action = {(rank, action): max(end - start, tiny) for rank, spans in enumerate(spans_per_rank)
+                  for _, action, start, end in spans if computes(action)}
+    return replace(costs, per_action=per_action)
+
+
+def busy_share(result: SimResult, ranks_computing: int) -> float:
+    """The share of `result`'s makespan during which at least `ranks_computing` ranks
+    compute at once. With more ranks than cores (pp=4 on two cores), the cores are
+    saturated for that share of the step whatever the schedule: a schedule that fills
+    bubbles can only shorten the rest."""
+    edges = sorted((t, d) for row in result.spans for s in row if computes(s.action)
+                   for t, d in ((s.start, 1), (s.end, -1)))
+    covered, running, last = 0.0, 0, 0.0
+    for t, d in edges:
+        if running >= ranks_computing:
+            covered += t - last
+        running, last = running + d, t
+    return covered / float(result.makespan) if result.makespan else 0.0

@@ -297,3 +297,30 @@ def test_measured_timeline_of_a_zero_bubble_run_prices_i_and_w():
     costs = measured_costs(s, spans)
     assert costs.i_w == (1.0, 2.0) and costs.per_stage == {0: (1.0, 1.0, 2.0), 1: (1.0, 1.0, 2.0)}
     assert simulate(s, costs).makespan == run.makespan
+
+
+def test_replayed_costs_reproduce_a_run_whose_actions_vary_and_busy_share_counts_overlap():
+    # pp=4 on two cores: an action's time depends on what the other ranks do at that
+    # moment, so medians mispredict; replaying each action's own span must give back the
+    # run's makespan exactly, and busy_share the time >= k ranks computed at once.
+    from paddle_ext.pipeline.timeline import (
+        busy_share,
+        measured_costs,
+        measured_result,
+        replayed_costs,
+    )
+
+    s = lower(generate(2, 1, 4, "zb-h1"))
+    slow = {(0, a): 6 for a in s.ranks[0] if computes(a) and a.mb == 0}  # rank 0's first micro-batch
+    run = simulate(s, Costs(1, 2, per_action=slow))
+    spans = [[(sp.index, sp.action, float(sp.start), float(sp.end)) for sp in row] for row in run.spans]
+    assert simulate(s, replayed_costs(s, spans)).makespan == run.makespan
+    assert simulate(s, measured_costs(s, spans)).makespan != run.makespan
+    measured = measured_result(s, spans)
+    assert busy_share(measured, 1) == 1.0  # some rank computes at every moment of this run
+    both = sum(max(0.0, min(a.end, b.end) - max(a.start, b.start))
+               for a in measured.spans[0] if computes(a.action)
+               for b in measured.spans[1] if computes(b.action))
+    assert 0 < both < measured.makespan
+    assert busy_share(measured, 2) == both / measured.makespan
+    assert busy_share(measured, 3) == 0.0

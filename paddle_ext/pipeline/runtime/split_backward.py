@@ -300,8 +300,9 @@ class WeightGradStore:
             slot = grads.setdefault(id(e.weight), [e.weight, None])
             slot[1] = grad if slot[1] is None else slot[1] + grad
             e.x = e.dy = None  # type: ignore[assignment]
-        for weight, grad in grads.values():
-            paddle.autograd.backward([weight], [grad])
+        if grads:  # one backward for all: each weight still gets exactly one addition
+            weights, dws = zip(*grads.values())
+            paddle.autograd.backward(list(weights), list(dws))
         self.pending_bytes -= sum(held.values())
         return len(grads)
 
