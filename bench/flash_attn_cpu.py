@@ -40,11 +40,14 @@ With more than one thread it runs with KMP_BLOCKTIME=0 unless told
 otherwise, and each timed call follows an untimed one of the same
 implementation (quiet_openmp()): no library is timed beside another's
 spinning OpenMP workers or on a core still waking up.
+Python's garbage collector is off while calls are timed (as in timeit; without_gc()).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import gc
 import json
 import os
 import statistics
@@ -273,6 +276,23 @@ def quiet_openmp(thread_counts: list[int]) -> str | None:
             "math path at > 1 thread, so the Paddle ratios there flatter paddle_ext)")
 
 
+@contextlib.contextmanager
+def without_gc():
+    """Python's cyclic garbage collector off while calls are timed, as timeit does. A
+    collection starts inside whichever call crosses the allocation threshold and costs
+    the same whatever the call: measured at 2 threads, the 8 x 512-token fwd+bwd
+    (~47 ms) took 55-62 ms in 5 of 9 runs with it on, and in none of 5 with it off,
+    while the 340 ms causal call beside it hardly moved."""
+    gc.collect()
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
+
+
 def warm_up(impls: list, seconds: float) -> None:
     """Calls each of `impls` once, then all of them in turn until `seconds` have passed.
     After a 1-thread phase this VM's second core stays slow for a few hundred ms once
@@ -404,19 +424,20 @@ def main() -> None:
                     if torch_worker:
                         torch_worker.setup(cfg, threads)
                     samples = {name: [] for name in list(impls) + (["torch"] if torch_worker else [])}
-                    for rep in range(args.repeats):
-                        for name, impl in impls.items():
-                            if warm[name] > args.slow_seconds and rep >= 2:
-                                continue  # Paddle's math path at large S: a median of 2 calls
-                            if threads > 1 and warm[name] <= args.slow_seconds:
-                                impl()  # see quiet_openmp(): both cores awake for the timed call
-                            t0 = CLOCK()
-                            impl()
-                            samples[name].append(CLOCK() - t0)
-                        if torch_worker:
-                            if threads > 1:
-                                torch_worker.once()
-                            samples["torch"].append(torch_worker.once())
+                    with without_gc():
+                        for rep in range(args.repeats):
+                            for name, impl in impls.items():
+                                if warm[name] > args.slow_seconds and rep >= 2:
+                                    continue  # Paddle's math path at large S: a median of 2 calls
+                                if threads > 1 and warm[name] <= args.slow_seconds:
+                                    impl()  # see quiet_openmp(): both cores awake for the timed call
+                                t0 = CLOCK()
+                                impl()
+                                samples[name].append(CLOCK() - t0)
+                            if torch_worker:
+                                if threads > 1:
+                                    torch_worker.once()
+                                samples["torch"].append(torch_worker.once())
                     med = {name: statistics.median(v) for name, v in samples.items()}
                     flops = attention_flops(s, h, d, causal, backward) / 1e9
                     ours = med["ext"]
@@ -468,13 +489,14 @@ def main() -> None:
                 for impl in impls.values():
                     impl.set_threads(threads)
                 warm_up(list(impls.values()), 1.0 if threads > 1 else 0.0)
-                for _ in range(args.flashmask_repeats):
-                    for name, impl in impls.items():
-                        if threads > 1:
+                with without_gc():
+                    for _ in range(args.flashmask_repeats):
+                        for name, impl in impls.items():
+                            if threads > 1:
+                                impl()
+                            t0 = CLOCK()
                             impl()
-                        t0 = CLOCK()
-                        impl()
-                        samples[name].append(CLOCK() - t0)
+                            samples[name].append(CLOCK() - t0)
                 med = {name: statistics.median(v) for name, v in samples.items()}
                 per_flop_causal = med["causal"] / attention_flops(s, h, d, True, backward)
                 for docs in docs_list:

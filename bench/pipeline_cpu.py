@@ -178,7 +178,8 @@ def rank(a) -> None:
                             1 - float(sum(real.busy)) / (PP * float(real.makespan)), comm, off, bubble,
                             outside[step], costs.forward, costs.backward, costs.input_grad or 0.0,
                             costs.weight_grad or 0.0, float(replay.makespan) + outside[step],
-                            busy_share(real, min(PP, os.cpu_count() or 1))))
+                            busy_share(real, min(PP, os.cpu_count() or 1)),
+                            {str(k): list(v) for k, v in sorted(costs.per_stage.items())}))
     with open(a.out, "w") as f:
         json.dump({"step": statistics.median(times[1:]),
                    "predicted_step": statistics.median(p[0] for p in predictions),
@@ -191,6 +192,8 @@ def rank(a) -> None:
                    "costs": [statistics.median(p[k] for p in predictions) for k in (7, 8, 9, 10)],
                    "replayed_step": statistics.median(p[11] for p in predictions),
                    "cores_saturated": statistics.median(p[12] for p in predictions),
+                   "per_stage": {k: [statistics.median(p[13][k][i] for p in predictions)
+                                     for i in range(len(v))] for k, v in predictions[0][13].items()},
                    "kind": schedule.kind + (" threads" if threaded else " blocking")}, f)
 
 
@@ -229,6 +232,8 @@ def launch_one_size(a, kinds: list, paths: list) -> None:
             runs[(kind, path)].append(json.load(f))
         single_out = os.path.join(os.path.dirname(pipe_out), "single.json")
     def mean(values: list):
+        if isinstance(values[0], dict):
+            return {k: mean([v[k] for v in values]) for k in values[0]}
         return [statistics.mean(x) for x in zip(*values)] if isinstance(values[0], list) else statistics.mean(values)
 
     rows = [{key: (mean([r[key] for r in runs[v]]) if key != "kind" else runs[v][0][key])
@@ -271,6 +276,9 @@ def launch_one_size(a, kinds: list, paths: list) -> None:
         f, b, i, w = (x * 1e3 for x in pipe["costs"])
         split = f", I {i:.1f} + W {w:.1f} = {i + w:.1f} ms" if i and w else ""
         print(f"{'':>28}median per chunk and micro-batch: F {f:.1f} ms, B {b:.1f} ms{split}")
+        stages = "; ".join(f"{k}: " + " / ".join(f"{x * 1e3:.1f}" for x in v)
+                           for k, v in pipe["per_stage"].items())
+        print(f"{'':>28}per stage (F / B, or F / I / W), ms: {stages}")
 
 
 def main(argv=None) -> None:
