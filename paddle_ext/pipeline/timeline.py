@@ -19,6 +19,7 @@ from paddle_ext.pipeline.schedule.ir import B, Comm, F, I, W, computes
 from paddle_ext.pipeline.schedule.simulate import SimResult, Span, peak_in_flight
 
 RankSpans = Sequence[tuple[int, Any, float, float]]  # (position, action, start, end)
+_TINY = 1e-9  # Costs wants compute costs > 0; a timer can read 0 for a trivial stage
 
 
 def measured_result(schedule: Schedule, spans_per_rank: Sequence[RankSpans]) -> SimResult:
@@ -51,10 +52,9 @@ def measured_costs(schedule: Schedule, spans_per_rank: Sequence[RankSpans]) -> C
                 times[type(action)][schedule.stage(rank, action.chunk)].append(end - start)
             elif isinstance(action, Comm):
                 comm.append(end - start)
-    tiny = 1e-9  # Costs wants compute costs > 0; a timer can read 0 for a trivial stage
 
     def med(ts: list[float]) -> float:
-        return max(median(ts), tiny)
+        return max(median(ts), _TINY)
 
     forward, backward, i_times, w_times = (times[k] for k in (F, B, I, W))
     per_stage: dict[int, tuple[float, ...]] = {}
@@ -70,7 +70,7 @@ def measured_costs(schedule: Schedule, spans_per_rank: Sequence[RankSpans]) -> C
     w_all = [t for ts in w_times.values() for t in ts]
     split = {"input_grad": med(i_all), "weight_grad": med(w_all)} if i_all and w_all else {}
     if not b_all:  # a zero-bubble run has no B: price one as I + W
-        b_all = [split["input_grad"] + split["weight_grad"]] if split else [tiny]
+        b_all = [split["input_grad"] + split["weight_grad"]] if split else [_TINY]
     return Costs(forward=med(f_all), backward=med(b_all), comm=median(fastest),
                  per_stage=per_stage, **split)
 
@@ -86,8 +86,7 @@ def replayed_costs(schedule: Schedule, spans_per_rank: Sequence[RankSpans]) -> C
     one only by what the runtime adds beyond the schedule's dependencies (transfers,
     waits, Python between actions)."""
     costs = measured_costs(schedule, spans_per_rank)
-    tiny = 1e-9
-    per_action = {(rank, action): max(end - start, tiny) for rank, spans in enumerate(spans_per_rank)
+    per_action = {(rank, action): max(end - start, _TINY) for rank, spans in enumerate(spans_per_rank)
                   for _, action, start, end in spans if computes(action)}
     return replace(costs, per_action=per_action)
 
