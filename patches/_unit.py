@@ -3,6 +3,7 @@ plugin_else_paddle, the rule by which a unit's wrapper refuses nothing Paddle ac
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -76,5 +77,27 @@ def plugin_else_paddle(plugin_call: Callable[[], Any], paddle_call: Callable[[],
     except (InvalidArgumentError, UnsupportedDtypeError) as refusal:
         try:
             return paddle_call()
-        except Exception:
-            raise refusal from None
+        except Exception as paddle_error:
+            raise both_refused(refusal, paddle_error) from None
+
+
+@functools.cache
+def _joint_class(plugin_cls: type, paddle_cls: type) -> type:
+    return type(plugin_cls.__name__, (plugin_cls, paddle_cls), {"__module__": plugin_cls.__module__})
+
+
+def both_refused(refusal: Exception, paddle_error: Exception) -> Exception:
+    """The error for a call the plugin and Paddle both refuse: the plugin's message
+    (it names the argument, the value and the allowed range), with Paddle's reason
+    appended, as an instance of the plugin's error class and of Paddle's, so that code
+    catching what Paddle raises (a ValueError where the plugin's check saw a dtype, say)
+    catches it as before. Paddle's own error where the two classes cannot be joined."""
+    if isinstance(refusal, type(paddle_error)):
+        return refusal
+    reason = str(paddle_error).strip().splitlines()
+    message = f"{refusal}\n(Paddle's own function refuses the call too: {type(paddle_error).__name__}: " \
+              f"{reason[0] if reason else ''})"
+    try:
+        return _joint_class(type(refusal), type(paddle_error))(message)
+    except TypeError:  # instance layouts that conflict, or a class that needs other arguments
+        return paddle_error

@@ -211,3 +211,20 @@ def test_plugin_error_stands_where_paddle_refuses_too(paddle_fa):
     q, kv = _t(Q), _t(Q, "float64")
     with pytest.raises(TypeError, match=r"key must have query's dtype float32, got float64"):
         paddle_fa.flash_attention(q, kv, kv)
+
+
+def test_error_where_both_refuse_is_also_paddles_error_class(paddle_fa):
+    # float64 with 4 query heads on 2 kv heads: the plugin's kernel takes no float64
+    # (UnsupportedDtypeError, a TypeError), and Paddle's math path refuses the head
+    # mismatch with a ValueError; code written against stock Paddle catches ValueError.
+    from paddle_ext.ops._checks import UnsupportedDtypeError
+
+    q, kv = _t((1, 8, 4, 16), **F64), _t((1, 8, 2, 16), **F64, salt=1)
+    with pytest.raises(ValueError) as stock:
+        paddle_fa.flash_attention.__wrapped__(q, kv, kv)
+    with pytest.raises(ValueError) as ours:
+        paddle_fa.flash_attention(q, kv, kv)
+    assert isinstance(ours.value, UnsupportedDtypeError)
+    message = str(ours.value)
+    assert "query must have dtype in" in message and "got float64" in message
+    assert f"Paddle's own function refuses the call too: ValueError: {str(stock.value).splitlines()[0]}" in message

@@ -164,3 +164,22 @@ def test_doctor_reports_versions_backends_and_patches():
     assert f"op library: built against Paddle {paddle.__version__}, kernels CPU, ops pe_c_embedding" in out
     assert "c_embedding_check" in out
     assert "Paddle's MKL code path: " in out and "GFLOP/s on this path" in out
+
+
+def test_both_refused_joins_the_plugins_error_class_and_paddles():
+    from paddle_ext.ops._checks import InvalidArgumentError, UnsupportedDtypeError
+    from paddle_ext.patches._unit import both_refused
+
+    refusal = UnsupportedDtypeError("query must have dtype in ('float32',), got float64")
+    joint = both_refused(refusal, ValueError("(InvalidArgument) heads differ\n  [Hint: ...]"))
+    assert isinstance(joint, UnsupportedDtypeError) and isinstance(joint, ValueError)
+    assert type(joint).__name__ == "UnsupportedDtypeError"
+    assert str(joint) == ("query must have dtype in ('float32',), got float64\n(Paddle's own function refuses "
+                          "the call too: ValueError: (InvalidArgument) heads differ)")
+    assert type(both_refused(refusal, KeyError("k"))) is type(both_refused(refusal, KeyError("j")))  # one class
+    # already of Paddle's class: the plugin's error as it is
+    bad = InvalidArgumentError("head_dim must be > 0, got 0")
+    assert both_refused(bad, ValueError("other")) is bad
+    # a class that cannot be built from a message: Paddle's own error
+    undecodable = UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+    assert both_refused(bad, undecodable) is undecodable
