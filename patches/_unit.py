@@ -67,8 +67,8 @@ def plugin_else_paddle(plugin_call: Callable[[], Any], paddle_call: Callable[[],
     """plugin_call's result; where the plugin refuses the call (its argument checks'
     errors, paddle_ext.ops._checks), paddle_call's: Paddle's own function, unchanged,
     so enabling the plugin refuses nothing Paddle accepts. The plugin's error is
-    raised only when Paddle refuses the call too (its message names the argument).
-    The checks run before any op is run or appended to a static program, so nothing
+    raised only when Paddle refuses the call too (its message names the argument),
+    as an instance of Paddle's error class as well (both_refused). The checks run before any op is run or appended to a static program, so nothing
     is computed twice and a program gets only Paddle's ops for such a call."""
     from paddle_ext.ops._checks import InvalidArgumentError, UnsupportedDtypeError
 
