@@ -436,6 +436,22 @@ def fused_rms_norm_op_name() -> str | None:
                 return None  # the new op only: this release's fused_rms_norm calls something else
             return name
     return None
+def cpu_kernel_dtypes(kernel: str) -> frozenset[str]:
+    """The dtypes phi's kernel registry has a CPU kernel of `kernel` for ("float32", ...),
+    read without running anything: both releases keep the registry as strings such as
+    "(CPU, Undefined(AnyLayout), float32)". A kernel that crashes this CPU (built for an
+    instruction set it lacks) can be told from a missing one only this way."""
+    from paddle.base import core
+
+    entries = core._get_registered_phi_kernels("function").get(kernel) or []
+    dtypes = set()
+    for entry in entries:
+        parts = [p.strip() for p in entry.strip("()").split(",")]
+        if parts and parts[0] == "CPU":
+            dtypes.add(parts[-1])
+    return frozenset(dtypes)
+
+
 def c_concat_owners() -> list:
     """Modules whose `c_concat` (3.x signature: x, rank, nranks, ring_id, use_calc_stream,
     use_model_parallel) fleet's mp_ops._c_concat calls in dygraph: 3.x's _C_ops; 2.6

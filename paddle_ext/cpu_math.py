@@ -1,4 +1,5 @@
-"""Which code path Paddle's MKL takes on this CPU, and the AVX2 one on AMD.
+"""Which code path Paddle's MKL takes on this CPU, and the AVX2 one on AMD; and
+whether Paddle's AVX-512-only CPU kernels can run here (has_avx512f).
 
 Paddle's x86-64 CPU wheels ship MKL 2019.0.5, which runs its generic (SSE)
 kernels on every CPU that is not Intel's, AVX2 and FMA or not: a 64x512x512
@@ -52,6 +53,19 @@ def wants_avx2_path() -> bool:
     """AMD with AVX2 and FMA: where MKL's AVX2 kernels run and give correct results."""
     vendor, _, flags = cpu()
     return vendor == "AuthenticAMD" and {"avx2", "fma"} <= flags
+
+
+def has_avx512f() -> bool | None:
+    """Whether this CPU runs AVX-512F code; None where /proc/cpuinfo cannot tell (not
+    Linux). Some of Paddle's x86-64 CPU kernels are written in AVX-512 intrinsics with
+    no other path and no run-time check (phi::fusion::RmsNormAvxKernel behind
+    fused_rms_norm's float32 forward, FusedLayerNormAvxKernel): on a CPU without
+    AVX-512F (AMD before Zen 4, many Intel desktop parts) a call stops the process
+    with SIGILL. Measured on this project's AMD EPYC (Zen 1) with Paddle 3.3.1."""
+    vendor, _, flags = cpu()
+    if vendor == "?" and not flags:
+        return None
+    return "avx512f" in flags
 
 
 def prefer_avx2_path() -> str:
@@ -138,8 +152,21 @@ def gflops_in_child(mkl_type: str | None) -> tuple[float, int | None]:
     return float(out[-2]), None if out[-1] == "None" else int(out[-1])
 
 
+def avx512_note() -> list[str]:
+    """The doctor's line on a CPU without AVX-512F (see has_avx512f)."""
+    if has_avx512f() is not False:
+        return []
+    return ["  no AVX-512F: Paddle's float32 CPU kernels of fused_rms_norm and fused_layer_norm stop the "
+            "process with SIGILL on this CPU; with paddle_ext enabled, fused_rms_norm runs the plugin's kernel"]
+
+
 def report() -> list[str]:
-    """The doctor's lines: path, measured rate, and on AMD the other path's rate beside it."""
+    """The doctor's lines: path, measured rate, and on AMD the other path's rate beside it;
+    then Paddle's kernels that cannot run on this CPU."""
+    return _mkl_report() + avx512_note()
+
+
+def _mkl_report() -> list[str]:
     if compat.mkl_library_path() is None:
         return [describe()]
     here = matmul_gflops()  # Paddle loads MKL here, and MKL chooses its path

@@ -19,7 +19,11 @@ float16 / bfloat16 kernel; on 2.6.2 no CPU kernel at all. This unit serves, for 
   other combination (bias or residual to fuse, quant_scale > 0, other dtypes,
   shapes Paddle refuses), and a call the plugin's checks refuse (an epsilon < 0
   or NaN, which Paddle's float32 forward takes), goes to Paddle, which answers
-  or raises as before.
+  or raises as before;
+- except on a CPU without AVX-512F, where Paddle's float32 kernel (AVX-512 only)
+  would stop the process with SIGILL: there the plugin serves float32 too, raises
+  its own error for a call it refuses, and a RuntimeError for bias / residual
+  (paddle_float32_kernel).
 
 The unit patches the functions in paddle._C_ops, which Paddle's Python
 functions look up at each call, so callers that imported
@@ -99,14 +103,22 @@ def _quant(original):
                              quant_round_type, quant_max_bound, quant_min_bound, *args):
         call = (x, bias, residual, norm_weight, norm_bias, epsilon, begin_norm_axis, quant_scale,
                 quant_round_type, quant_max_bound, quant_min_bound, *args)
-        if args or not _plain_case(x, bias, residual, norm_weight, norm_bias, begin_norm_axis, quant_scale):
-            return original(*call)
         from paddle_ext.ops._checks import dtype_name
 
-        if dtype_name(x) != "float32" or not _paddle_computes_float32(original):
-            return plugin_else_paddle(
-                lambda: plugin.fused_rms_norm(x, norm_weight, norm_bias, epsilon, begin_norm_axis),
-                lambda: original(*call))
+        crashes = dtype_name(x) == "float32" and _on_cpu(x) and paddle_float32_kernel(original) == UNRUNNABLE
+        if args or not _plain_case(x, bias, residual, norm_weight, norm_bias, begin_norm_axis, quant_scale):
+            if crashes and quant_scale <= 0 and (bias is not None or residual is not None):
+                raise RuntimeError(
+                    f"fused_rms_norm with {'a residual' if residual is not None else 'a bias'} on CPU: Paddle's "
+                    "float32 CPU kernel (phi::fusion::RmsNormAvxKernel) is built for AVX-512F only and would stop "
+                    "this process with SIGILL on this CPU, which lacks AVX-512F; paddle_ext serves fused_rms_norm "
+                    "on CPU without bias, residual or quantisation (add them before the call)")
+            return original(*call)
+        if dtype_name(x) != "float32" or paddle_float32_kernel(original) != RUNS:
+            plugin_call = lambda: plugin.fused_rms_norm(x, norm_weight, norm_bias, epsilon, begin_norm_axis)  # noqa: E731
+            if crashes:  # a refusal is the plugin's to raise: Paddle's kernel cannot be asked here
+                return plugin_call()
+            return plugin_else_paddle(plugin_call, lambda: original(*call))
         import paddle
 
         tensors = [t for t in (x, norm_weight, norm_bias) if t is not None]
@@ -129,17 +141,34 @@ def _quant(original):
     return fused_rms_norm_quant
 
 
+NONE, RUNS, UNRUNNABLE = "none", "runs", "unrunnable"
+
+
 @functools.cache
-def _paddle_computes_float32(original) -> bool:
-    """Whether Paddle's own op has a float32 CPU forward (3.3.1 does; 2.6.2 has no
-    CPU kernel at all, and then the plugin serves float32 too). Asked once."""
+def paddle_float32_kernel(original) -> str:
+    """Paddle's own float32 CPU forward of fused_rms_norm: NONE (2.6.2 registers no CPU
+    kernel; the plugin serves float32 too), RUNS (3.x on a CPU with AVX-512F: Paddle's
+    values are kept), or UNRUNNABLE: registered, but written in AVX-512 intrinsics only
+    (phi::fusion::RmsNormAvxKernel), so on a CPU without AVX-512F a call stops the process
+    with SIGILL (paddle_ext.cpu_math.has_avx512f; measured with 3.3.1 on an AMD EPYC Zen 1):
+    the plugin serves float32 and is never to hand a call to Paddle's kernel. Read from
+    the kernel registry and the CPU's flags; asked by one call only where /proc/cpuinfo
+    cannot tell."""
     import paddle
 
-    try:
-        original(paddle.ones([1, 2]), None, None, paddle.ones([2]), None, 1e-5, 1, -1.0, 0, 0.0, 0.0)
-    except Exception:  # noqa: BLE001 - any refusal means: no kernel here
-        return False
-    return True
+    from paddle_ext import cpu_math
+
+    if "float32" not in compat.cpu_kernel_dtypes(compat.fused_rms_norm_op_name() or ""):
+        return NONE
+    avx512f = cpu_math.has_avx512f()
+    if avx512f is False:
+        return UNRUNNABLE
+    if avx512f is None:
+        try:
+            original(paddle.ones([1, 2]), None, None, paddle.ones([2]), None, 1e-5, 1, -1.0, 0, 0.0, 0.0)
+        except Exception:  # noqa: BLE001 - any refusal means: no kernel here
+            return NONE
+    return RUNS
 
 
 def owner():

@@ -230,24 +230,77 @@ def test_stock_paddle_has_no_cpu_kernel_and_enabling_serves_both_import_styles()
     assert np.array_equal(dx.numpy(), x.grad.numpy()) and np.array_equal(dw.numpy(), w.grad.numpy())
 
 
-def stock_float32_forward():
-    try:
-        return F.fused_rms_norm(paddle.ones([1, 2]), paddle.ones([2]), None, 1e-5, 1)
-    except RuntimeError:
-        return None
+# Paddle's own float32 CPU forward of fused_rms_norm, as the unit reads it: none (2.6.2),
+# runs, or unrunnable (AVX-512F only, on a CPU without it: a call would stop the test
+# process with SIGILL, so tests never make one then).
+PADDLE_FLOAT32 = unit.paddle_float32_kernel(getattr(paddle._C_ops, QUANT_OP)) if HAS_QUANT else unit.NONE
+PADDLE_FLOAT32_RUNS = PADDLE_FLOAT32 == unit.RUNS
+NO_PADDLE_FLOAT32 = "this Paddle's float32 fused_rms_norm forward does not run on this CPU"
+
+CHILD_STOCK_CALL = """
+import paddle
+F = paddle.incubate.nn.functional
+try:
+    F.fused_rms_norm(paddle.ones([1, 2]), paddle.ones([2]), None, 1e-5, 1)
+    print("ANSWERED")
+except RuntimeError as err:
+    print("REFUSED", str(err).splitlines()[0])
+"""
 
 
-def test_fused_rms_norm_float32_where_paddle_has_no_cpu_kernel_runs_the_plugin():
-    if not HAS_QUANT or stock_float32_forward() is not None:
+@pytest.mark.skipif(not HAS_QUANT, reason="this Paddle has no fused_rms_norm_quant")
+def test_the_units_reading_of_paddles_float32_kernel_is_what_a_stock_call_does():
+    """In a child process without the plugin: Paddle's kernel answers where the unit
+    reads RUNS, reports no kernel where NONE, and dies of SIGILL where UNRUNNABLE."""
+    import signal
+    import subprocess
+    import sys
+
+    child = subprocess.run([sys.executable, "-c", CHILD_STOCK_CALL], capture_output=True, text=True,
+                           timeout=240)
+    outcome = {unit.RUNS: (0, "ANSWERED"), unit.NONE: (0, "REFUSED"), unit.UNRUNNABLE: (-signal.SIGILL, "")}
+    code, word = outcome[PADDLE_FLOAT32]
+    assert child.returncode == code, (PADDLE_FLOAT32, child.returncode, child.stderr[-2000:])
+    assert word in child.stdout
+    if PADDLE_FLOAT32 == unit.NONE:
+        assert "not registered" in child.stdout
+
+
+def test_fused_rms_norm_float32_where_paddle_has_no_usable_cpu_kernel_runs_the_plugin():
+    if not HAS_QUANT or PADDLE_FLOAT32_RUNS:
         pytest.skip("this Paddle computes fused_rms_norm's float32 forward on CPU")
     x, w, g = tensors([2, 3, 16], 48, "float32")
-    with pytest.raises(RuntimeError, match="not registered"):
-        F.fused_rms_norm(x, w, None, 1e-6, 1)
+    if PADDLE_FLOAT32 == unit.NONE:
+        with pytest.raises(RuntimeError, match="not registered"):
+            F.fused_rms_norm(x, w, None, 1e-6, 1)
     paddle_ext.enable()
     out, _ = F.fused_rms_norm(x, w, None, 1e-6, 1)
     paddle.autograd.backward([out], [g])
     ry, _, rdx, rdw = reference(as_f64(x), as_f64(w), as_f64(g), 1e-6, 48)
     assert rel(out.numpy(), ry) < 1e-6 and rel(x.grad.numpy(), rdx) < 1e-6 and rel(w.grad.numpy(), rdw) < 1e-6
+
+
+@pytest.mark.skipif(PADDLE_FLOAT32 != unit.UNRUNNABLE, reason="Paddle's float32 kernel runs, or is absent, here")
+def test_where_paddles_float32_kernel_cannot_run_the_plugin_never_hands_it_a_call():
+    """Calls the plugin does not cover, or refuses, would reach Paddle's AVX-512 kernel:
+    they raise a clear error instead of stopping the process."""
+    from paddle_ext.ops._checks import InvalidArgumentError
+
+    x = paddle.to_tensor(np.random.default_rng(3).standard_normal([3, 8]).astype("float32"))
+    w = paddle.ones([8])
+    paddle_ext.enable()
+    with pytest.raises(RuntimeError, match="with a residual on CPU.*AVX-512F.*SIGILL"):
+        F.fused_rms_norm(x, w, None, 1e-6, 1, residual=paddle.ones([3, 8]))
+    with pytest.raises(RuntimeError, match="with a bias on CPU.*AVX-512F"):
+        F.fused_rms_norm(x, w, None, 1e-6, 1, bias=paddle.ones([8]))
+    with pytest.raises(InvalidArgumentError, match="epsilon must be a finite number >= 0, got -0.001") as err:
+        F.fused_rms_norm(x, w, None, -1e-3, 1)
+    assert isinstance(err.value, ValueError) and isinstance(err.value, AssertionError)
+    with pytest.raises(OSError, match="NOT supported quant int8"):  # Paddle refuses before its AVX-512 code
+        F.fused_rms_norm(x, w, None, 1e-6, 1, quant_scale=0.5)
+    out, _ = F.fused_rms_norm(x, w, None, 1e-6, 1)
+    ry, _, _, _ = reference(as_f64(x), as_f64(w), as_f64(x), 1e-6, 8)
+    assert rel(out.numpy(), ry) < 1e-6
 
 
 def test_ext_in_a_dtype_the_kernel_lacks_keeps_paddles_error():
@@ -263,8 +316,8 @@ def test_ext_in_a_dtype_the_kernel_lacks_keeps_paddles_error():
 
 
 def test_fused_rms_norm_float32_keeps_paddles_forward_bits_and_gains_a_backward():
-    if not HAS_QUANT or stock_float32_forward() is None:
-        pytest.skip("this Paddle has no float32 CPU forward for fused_rms_norm")
+    if not PADDLE_FLOAT32_RUNS:
+        pytest.skip(NO_PADDLE_FLOAT32)
     x, w, g = tensors([2, 3, 16], 48, "float32")
     b = paddle.to_tensor(np.linspace(-1, 1, 48).astype("float32"))
     b.stop_gradient = False
@@ -311,6 +364,8 @@ def stock_outcome(call):
 def test_uncovered_fused_rms_norm_calls_keep_paddles_answer(case):
     if not HAS_QUANT:
         pytest.skip("this Paddle has no fused_rms_norm_quant")
+    if case in ("residual", "bias") and PADDLE_FLOAT32 == unit.UNRUNNABLE:
+        pytest.skip("Paddle's answer here is SIGILL (see test_where_paddles_float32_kernel_cannot_run_...)")
     x = paddle.to_tensor(np.random.default_rng(1).standard_normal([3, 8]).astype("float32"))
     w = paddle.ones([8])
     args = {"residual": dict(residual=paddle.ones([3, 8])), "bias": dict(bias=paddle.ones([8])),
@@ -335,8 +390,8 @@ def test_uncovered_fused_rms_norm_calls_keep_paddles_answer(case):
 def test_epsilon_the_plugin_refuses_keeps_paddles_forward(epsilon):
     """Paddle's float32 CPU forward takes any epsilon; the plugin's backward refuses one
     < 0 or NaN, so such a call is Paddle's (its forward, no CPU backward), not refused."""
-    if not HAS_QUANT or stock_float32_forward() is None:
-        pytest.skip("this Paddle has no float32 fused_rms_norm forward on CPU")
+    if not PADDLE_FLOAT32_RUNS:
+        pytest.skip(NO_PADDLE_FLOAT32)
     x = paddle.to_tensor(np.random.default_rng(2).standard_normal([3, 8]).astype("float32") + 2.0)
     x.stop_gradient = False
     w = paddle.ones([8])
