@@ -152,11 +152,19 @@ def _group_store(job_store: Any, group_id: int, rank: int, size: int) -> Any:
         from paddle_ext import compat
 
         host = compat.current_host()
+        # The port stays bound (SO_REUSEADDR, never listening) until the store
+        # listens on it: Paddle's server binds with SO_REUSEADDR too, while any
+        # other bind, a port-0 one included, is refused meanwhile. Closed first,
+        # the port was free for everyone for a moment, and other processes' gloo
+        # pairs bind port 0 all the time: once in CI the store's bind lost (3.3.1's
+        # libuv server then aborts the process: "uv__finish_close: Assertion"); a
+        # 2.6.2 run that hung in fleet.init's first two-rank group was likely the same.
         with socket.socket() as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, 0))
             port = probe.getsockname()[1]
-        job_store.set(key, f"{host}:{port}")
-        store = core.TCPStore(host, port, True, size, timeout)
+            job_store.set(key, f"{host}:{port}")
+            store = core.TCPStore(host, port, True, size, timeout)
     else:
         job_store.wait(key)
         host, port = job_store.get(key).decode().rsplit(":", 1)
