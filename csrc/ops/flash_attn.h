@@ -79,6 +79,25 @@ PADDLE_EXT_HOST_DEVICE inline int64_t causal_shift(const Problem& p, int64_t lq,
   return p.causal_bottom_right ? lk - lq : 0;
 }
 
+// Where sequence b's queries and keys lie: tokens [q0, q0 + lq) of q / out and
+// [k0, k0 + lk) of k / v (cu_q / cu_k must be readable where this runs).
+struct Sequence {
+  int64_t q0, lq, k0, lk;
+};
+
+PADDLE_EXT_HOST_DEVICE inline Sequence sequence_of(const Problem& p, int64_t b) {
+  if (p.cu_q != nullptr) {
+    return {p.cu_q[b], static_cast<int64_t>(p.cu_q[b + 1]) - p.cu_q[b], p.cu_k[b],
+            static_cast<int64_t>(p.cu_k[b + 1]) - p.cu_k[b]};
+  }
+  return {b * p.seqlen_q, p.seqlen_q, b * p.seqlen_k, p.seqlen_k};
+}
+
+// The lse element of query i (within sequence s) of query head h.
+PADDLE_EXT_HOST_DEVICE inline int64_t lse_index(const Problem& p, const Sequence& s, int64_t h, int64_t i) {
+  return h * p.lse_head_stride + s.q0 * p.lse_token_mult + i;
+}
+
 // ---- dropout: Philox4x32-10, counter-based -------------------------------
 // keep(b, h, i, j) for sequence b, query head h, query row i and key column j
 // (positions within the sequence): Philox4x32-10 with key = seed and counter

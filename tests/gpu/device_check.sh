@@ -7,7 +7,9 @@
 #               (padded, varlen, causal in both alignments, GQA / MQA, dropout
 #               mask and replay, f32 / f16 / bf16), fused rotary, c_embedding, each GPU kernel
 #               against the CPU kernel built from this tree, and the CPU kernel
-#               against a float64 reference;
+#               against a float64 reference; the tensor-core flash-attention
+#               kernels also run under the CPU warp emulator
+#               (tests/gpu/warp_emulator.h) against the CPU kernels, GPU or not;
 #   c_embedding csrc/tools/device_probe.cc: GPU against CPU bytes, id check;
 #   runtime     paddle_ext._C built here with CMake + pybind11 for this Python:
 #               the pinned pool's cuda backend with stream-ordered reuse (a copy
@@ -84,6 +86,9 @@ done
 for src in "${cpu_sources[@]}"; do
   fresh "$(obj "$src")" && compile "$(basename "$src")" g++ "${common[@]}" -Wall -Wextra -c "$src" -o "$(obj "$src")"
 done
+# The tensor-core kernels under the CPU warp emulator: plain C++ (g++), no CUDA header.
+compile flash_attn_tc_emulated.cc g++ -std=c++17 -O2 -Wall -Wextra -Icsrc/ops -Itests/gpu -c \
+  tests/gpu/flash_attn_tc_emulated.cc -o "$(obj tests/gpu/flash_attn_tc_emulated.cc)"
 for src in tests/gpu/kernels_check.cc tests/gpu/kernels_capi.cc csrc/tools/device_probe.cc; do
   [ "$src" = tests/gpu/kernels_check.cc ] || [ "$src" = tests/gpu/kernels_capi.cc ] || fresh "$(obj "$src")" || continue
   compile "$(basename "$src")" "$NVCC" "${common[@]}" -Itests/gpu -Xcompiler -Wall,-Wextra,-fPIC -c "$src" \
@@ -129,12 +134,12 @@ link() {  # PROGRAM-NAME OBJECT-LOG-NAMES... -- NVCC-ARGS...
     broken[$name]=1
   fi
 }
-link kernels_check "${object_logs[@]}" kernels_check.cc -- \
-  "$(obj tests/gpu/kernels_check.cc)" "${kernel_objs[@]}" "${cpu_objs[@]}" -ldl -lpthread -o "$out/kernels_check"
+link kernels_check "${object_logs[@]}" kernels_check.cc flash_attn_tc_emulated.cc -- \
+  "$(obj tests/gpu/kernels_check.cc)" "$(obj tests/gpu/flash_attn_tc_emulated.cc)" "${kernel_objs[@]}" "${cpu_objs[@]}" -ldl -lpthread -o "$out/kernels_check"
 link device_probe "${object_logs[@]}" device_probe.cc -- \
   "$(obj csrc/tools/device_probe.cc)" "${kernel_objs[@]}" "${cpu_objs[@]}" -ldl -lpthread -o "$out/device_probe"
-link libpaddle_ext_gpu_kernels.so flash_attn.cu kernels_capi.cc -- \
-  -shared "$(obj tests/gpu/kernels_capi.cc)" "$(obj csrc/ops/gpu/flash_attn.cu)" -o "$out/libpaddle_ext_gpu_kernels.so"
+link libpaddle_ext_gpu_kernels.so flash_attn.cu flash_attn_tc.cu kernels_capi.cc -- \
+  -shared "$(obj tests/gpu/kernels_capi.cc)" "$(obj csrc/ops/gpu/flash_attn.cu)" "$(obj csrc/ops/gpu/flash_attn_tc.cu)" -o "$out/libpaddle_ext_gpu_kernels.so"
 if [ "${#broken[@]}" = 0 ]; then
   echo "device_check: built ${#kernel_sources[@]} CUDA sources, ${#cpu_sources[@]} CPU sources, kernels_check, device_probe, libpaddle_ext_gpu_kernels.so${native_dir:+, paddle_ext._C}"
   step_done build ok $((SECONDS - build_started))

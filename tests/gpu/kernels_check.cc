@@ -22,13 +22,17 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <functional>
 #include <random>
 #include <string>
 #include <vector>
 
+#include <chrono>
+
 #include "c_embedding.h"
+#include "flash_attn_tc_emulated.h"
 #include "kernel_calls.h"
 #include "rotary.h"
 
@@ -257,6 +261,41 @@ FlashShape varlen(FlashShape s, const std::vector<int32_t>& lq, const std::vecto
   return s;
 }
 
+// The tensor-core kernels (the code a CUDA sm_80+ GPU runs for bf16 / fp16 at
+// head dims 32-128) under the CPU warp emulator, every output poisoned first:
+// against the CPU kernels (the pass criterion) and the float64 reference.
+void run_flash_tc_emulated(const FlashCase& c, const std::vector<char>& qb, const std::vector<char>& kb,
+                           const std::vector<char>& vb, const std::vector<char>& db, const FlashOutputs& cpu,
+                           const FlashReference& r) {
+  const FlashShape& s = c.shape;
+  const fa::Problem p = make_problem(s, s.cu_q.data(), s.cu_k.data());
+  if (!tc_kernels_take(p)) return;
+  const int64_t es = element_bytes(s.kind);
+  FlashOutputs e;
+  e.out.assign(s.q_elems() * es, static_cast<char>(0xFF));
+  e.dq.assign(s.q_elems() * es, static_cast<char>(0xFF));
+  e.dk.assign(s.k_elems() * es, static_cast<char>(0xFF));
+  e.dv.assign(s.k_elems() * es, static_cast<char>(0xFF));
+  e.lse.assign(s.lse_elems(), NAN);
+  std::vector<float> workspace(static_cast<size_t>(std::max<int64_t>(1, s.lse_elems())), NAN);
+  const auto t0 = std::chrono::steady_clock::now();
+  tc_emulated_forward(p, qb.data(), kb.data(), vb.data(), e.out.data(), e.lse.data());
+  tc_emulated_backward(p, qb.data(), kb.data(), vb.data(), e.out.data(), db.data(), e.lse.data(), e.dq.data(),
+                       e.dk.data(), e.dv.data(), workspace.data());
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  auto as_double = [&](const std::vector<char>& b) {
+    const std::vector<float> f = to_floats(b, s.kind);
+    return std::vector<double>(f.begin(), f.end());
+  };
+  const std::vector<double> cpu_lse(cpu.lse.begin(), cpu.lse.end());
+  const double vs_cpu = flash_error(s, e, as_double(cpu.out), cpu_lse, as_double(cpu.dq), as_double(cpu.dk),
+                                    as_double(cpu.dv));
+  const double vs_f64 = flash_error(s, e, r.out, r.lse, r.dq, r.dk, r.dv);
+  char notes[96];
+  std::snprintf(notes, sizeof notes, "emulated tensor cores, vs f64 %s, %.1f s", fmt_error(vs_f64).c_str(), seconds);
+  result("flash-tc", c.name, NAN, vs_cpu, notes, vs_cpu < tolerance(s.kind) && vs_f64 < tolerance(s.kind));
+}
+
 void run_flash_case(const FlashCase& c) {
   const FlashShape& s = c.shape;
   if (s.causal && s.align == CausalAlign::kTopLeft && s.seqlen_q != s.seqlen_k && !kHasTopLeftCausal) {
@@ -302,6 +341,7 @@ void run_flash_case(const FlashCase& c) {
         notes += ", CPU replay differs";
       }
     }
+    guarded("flash-tc", c.name, [&] { run_flash_tc_emulated(c, qb, kb, vb, db, cpu, r); });
   }
   if (have_gpu) {
     DeviceBuffer q(qb), k(kb), v(vb), dout(db), cu_q(s.cu_q), cu_k(s.cu_k);
@@ -326,6 +366,16 @@ void run_flash_case(const FlashCase& c) {
     const bool replay = again.out == g.out && again.sm == g.sm && again.dq == g.dq && again.dk == g.dk && again.dv == g.dv;
     ok &= replay;
     notes += replay ? ", replay same" : ", REPLAY DIFFERS";
+    if (tc_kernels_take(make_problem(s, nullptr, nullptr))) {
+      // The call went to the tensor-core kernels: the simple ones, forced, too.
+      setenv("PADDLE_EXT_FLASH_ATTN_GPU_KERNEL", "simple", 1);
+      const FlashOutputs simple = flash_gpu(s, s.offset, q, k, v, dout, cu_q, cu_k);
+      unsetenv("PADDLE_EXT_FLASH_ATTN_GPU_KERNEL");
+      const double e = flash_error(s, simple, as_double(cpu.out), cpu_lse, as_double(cpu.dq), as_double(cpu.dk),
+                                   as_double(cpu.dv));
+      ok &= e < tol;
+      notes += ", simple kernels " + fmt_error(e);
+    }
     if (s.dropout > 0.f) {
       const FlashOutputs other = flash_gpu(s, s.offset + fa::kOffsetPerHead * s.batch * s.heads_q, q, k, v, dout,
                                            cu_q, cu_k);
@@ -360,6 +410,14 @@ std::vector<FlashCase> flash_cases() {
       {"bf16 S256 dropout GQA D128", flash_shape(F::kBFloat16, 1, 256, 256, 4, 2, 128, false, 0.1f)},
       {"bf16 varlen causal GQA D128", varlen(flash_shape(F::kBFloat16, 0, 0, 0, 4, 1, 128, true), {128, 65, 7}, {128, 65, 7})},
       {"bf16 causal-br Sq64 Sk192 D128", flash_shape(F::kBFloat16, 1, 64, 192, 2, 2, 128, true)},
+      // For the tensor-core kernels (bf16 / fp16, D 32-128): tile edges, every
+      // supported head dim, rows that see no key, dropout with varlen.
+      {"bf16 S130 H2 D32", flash_shape(F::kBFloat16, 1, 130, 130, 2, 2, 32, false)},
+      {"f16 causal-tl Sq100 Sk37 GQA D96", flash_shape(F::kFloat16, 2, 100, 37, 4, 2, 96, true, 0.f, TL)},
+      {"bf16 causal-br Sq37 Sk100 MQA D64", flash_shape(F::kBFloat16, 1, 37, 100, 2, 1, 64, true)},
+      {"bf16 causal-br Sq100 Sk37 D64", flash_shape(F::kBFloat16, 1, 100, 37, 2, 2, 64, true)},
+      {"bf16 varlen causal-tl dropout D64", varlen(flash_shape(F::kBFloat16, 0, 0, 0, 2, 2, 64, true, 0.2f, TL), {70, 1, 35}, {20, 9, 100})},
+      {"f16 causal-br dropout Sq80 Sk150 D128", flash_shape(F::kFloat16, 1, 80, 150, 2, 2, 128, true, 0.3f)},
       {"f32 B1 H8 S2048 D64 causal", flash_shape(F::kFloat32, 1, 2048, 2048, 8, 8, 64, true), false},
       {"bf16 B2 H8/2 S1024 D128 causal", flash_shape(F::kBFloat16, 2, 1024, 1024, 8, 2, 128, true), false},
   };

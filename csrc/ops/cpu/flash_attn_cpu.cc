@@ -83,18 +83,6 @@ inline void prefetch_rows(const float* p, int64_t rows, int64_t rs, int64_t floa
     for (int64_t f = 0; f < floats; f += 16) __builtin_prefetch(p + r * rs + f, 0, 2);
 }
 
-struct Seq {
-  int64_t q0, lq, k0, lk;  // first token and length of the queries and of the keys
-};
-
-Seq seq(const Problem& p, int64_t b) {
-  if (p.cu_q != nullptr) {
-    return {p.cu_q[b], static_cast<int64_t>(p.cu_q[b + 1]) - p.cu_q[b], p.cu_k[b],
-            static_cast<int64_t>(p.cu_k[b + 1]) - p.cu_k[b]};
-  }
-  return {b * p.seqlen_q, p.seqlen_q, b * p.seqlen_k, p.seqlen_k};
-}
-
 // FlashMask bounds of one (sequence, mask head, key block): the extremes over
 // its keys of the two hidden row intervals [a1, b1), [a2, b2).
 struct FmBlock {
@@ -136,12 +124,10 @@ struct Ctx {
   }
 
   int64_t pack_base(int64_t b, int64_t kvh) const {
-    return pack_offset[b] + kvh * round_up(seq(p, b).lk, kPanel) * round_up(p.head_dim, kPanel);
+    return pack_offset[b] + kvh * round_up(sequence_of(p, b).lk, kPanel) * round_up(p.head_dim, kPanel);
   }
-  int64_t row_panel_stride(int64_t b) const { return round_up(seq(p, b).lk, kPanel) * kPanel; }
-  int64_t lse_index(const Seq& s, int64_t h, int64_t i) const {
-    return h * p.lse_head_stride + s.q0 * p.lse_token_mult + i;
-  }
+  int64_t row_panel_stride(int64_t b) const { return round_up(sequence_of(p, b).lk, kPanel) * kPanel; }
+  int64_t lse_index(const Sequence& s, int64_t h, int64_t i) const { return flash_attn::lse_index(p, s, h, i); }
 };
 
 // z[j] = 1 / (1 - p) for kept and 0 for dropped elements (i, k0 + j), j < n (n % 4 == 0).
@@ -242,7 +228,7 @@ void pack_into(const Ctx& ctx, const float* src, bool transposed, float* dst) {
   parallel_for(p.batch * p.heads_k, 1, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const int64_t b = t / p.heads_k, kvh = t % p.heads_k;
-      const Seq s = seq(p, b);
+      const Sequence s = sequence_of(p, b);
       pack_sequence(transposed, src + s.k0 * k_rs + kvh * D, k_rs, s.lk, D, dst + ctx.pack_base(b, kvh));
     }
   });
@@ -303,7 +289,7 @@ class KvPanels {
     float* mine = buf_.get() + w * n * stride_;
     const int64_t key = b * ctx_.p.heads_k + kvh;
     if (holds_[w] != key) {
-      const Seq s = seq(ctx_.p, b);
+      const Sequence s = sequence_of(ctx_.p, b);
       const int64_t D = ctx_.p.head_dim, k_rs = ctx_.p.heads_k * D;
       for (int64_t c = 0; c < n; ++c)
         pack_sequence(copies_[c].transposed, copies_[c].src + s.k0 * k_rs + kvh * D, k_rs, s.lk, D,
@@ -348,7 +334,7 @@ void init_ctx(Ctx* ctx, const Problem& p) {
   ctx->pack_offset.assign(p.batch + 1, 0);
   for (int64_t b = 0; b < p.batch; ++b)
     ctx->pack_offset[b + 1] =
-        ctx->pack_offset[b] + round_up(seq(p, b).lk, kPanel) * p.heads_k * round_up(p.head_dim, kPanel);
+        ctx->pack_offset[b] + round_up(sequence_of(p, b).lk, kPanel) * p.heads_k * round_up(p.head_dim, kPanel);
   ctx->dropout = p.dropout > 0.f;
   if (ctx->dropout) {
     ctx->threshold = dropout_threshold(p.dropout);
@@ -446,12 +432,12 @@ struct QueryTask {
 // finish within one small block of each other.
 std::vector<QueryTask> query_tasks(const Problem& p) {
   std::vector<int64_t> order(p.batch), work(p.batch);
-  for (int64_t b = 0; b < p.batch; ++b) work[b] = seq(p, b).lq * seq(p, b).lk;
+  for (int64_t b = 0; b < p.batch; ++b) work[b] = sequence_of(p, b).lq * sequence_of(p, b).lk;
   std::iota(order.begin(), order.end(), 0);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return work[a] > work[b]; });
   std::vector<QueryTask> tasks;
   for (const int64_t b : order) {
-    const Seq s = seq(p, b);
+    const Sequence s = sequence_of(p, b);
     for (int64_t h = 0; h < p.heads_q; ++h) {
       const size_t first = tasks.size();
       for (int64_t i0 = 0; i0 < s.lq; i0 += kBlockQ) {
@@ -749,7 +735,7 @@ void forward_aligned(const Problem& p, const void* q, const void* k, const void*
     panels.get(w, b, tasks[t].h / group, kv);
     if (t + 1 < static_cast<int64_t>(tasks.size())) {  // the query rows of the task likely to follow
       const QueryTask& n = tasks[t + 1];
-      const Seq s = seq(p, n.b);
+      const Sequence s = sequence_of(p, n.b);
       prefetch_rows(ctx.q + (s.q0 + n.i0) * q_rs + n.h * p.head_dim, std::min<int64_t>(kBlockQ, s.lq - n.i0), q_rs,
                     p.head_dim);
     }
@@ -820,7 +806,7 @@ void backward_aligned(const Problem& p, const void* q, const void* k, const void
   std::vector<int64_t> order(p.batch);
   std::vector<int64_t> work(p.batch);
   for (int64_t b = 0; b < p.batch; ++b) {
-    const Seq s = seq(p, b);
+    const Sequence s = sequence_of(p, b);
     max_lk = std::max(max_lk, s.lk);
     max_lq = std::max(max_lq, s.lq);
     max_blocks = std::max(max_blocks, (s.lq + kBlockQ - 1) / kBlockQ);
@@ -857,7 +843,7 @@ void backward_aligned(const Problem& p, const void* q, const void* k, const void
     backward_unit(ctx, b, kvh, chunk, chunks, kv[0], kv[1], kv[2], dk_acc, dv_acc, dq_buf.get() + w * max_lq * D,
                   prep_buf.get() + w * prep_floats, scratch.get() + w * per_worker);
     if (chunks == 1) {
-      const Seq s = seq(p, b);
+      const Sequence s = sequence_of(p, b);
       store_rows(p.kind, dk_acc, D, s.lk, D, dk, s.k0 * k_rs + kvh * D, k_rs);
       store_rows(p.kind, dv_acc, D, s.lk, D, dv, s.k0 * k_rs + kvh * D, k_rs);
     }
@@ -867,7 +853,7 @@ void backward_aligned(const Problem& p, const void* q, const void* k, const void
       std::vector<float> sum(2 * acc);
       for (int64_t u = begin; u < end; ++u) {
         const int64_t b = u / p.heads_k, kvh = u % p.heads_k;
-        const Seq s = seq(p, b);
+        const Sequence s = sequence_of(p, b);
         std::fill(sum.begin(), sum.end(), 0.f);
         for (int64_t c = 0; c < chunks; ++c) {
           const float* part = acc_buf.get() + (u * chunks + c) * 2 * acc;

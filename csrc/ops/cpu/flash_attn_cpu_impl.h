@@ -13,7 +13,7 @@
 //    multiply-add; softmax_block pre-multiplies its query tile instead).
 //
 // Expects, from the includer: PE_FA_NS, PE_FA_VEC, and in the enclosing
-// namespace: Ctx, Seq, seq(), kBlockQ, kBlockK, kPanel, dropout_row_scalar(),
+// namespace: Ctx, Sequence, sequence_of(), kBlockQ, kBlockK, kPanel, dropout_row_scalar(),
 // store_rows(), load_rows(), flashmask_cover(), flashmask_block().
 
 namespace PE_FA_NS {
@@ -184,7 +184,7 @@ inline float dot(const float* a, const float* b, int64_t n) {
 }
 
 // Keys [k0, k0 + bk) a query i sees, counted from k0.
-inline int64_t visible_cols(const Ctx& ctx, const Seq& s, int64_t i, int64_t k0, int64_t bk) {
+inline int64_t visible_cols(const Ctx& ctx, const Sequence& s, int64_t i, int64_t k0, int64_t bk) {
   if (!ctx.p.causal) return bk;
   return std::min<int64_t>(bk, std::max<int64_t>(0, i + causal_shift(ctx.p, s.lq, s.lk) + 1 - k0));
 }
@@ -192,7 +192,7 @@ inline int64_t visible_cols(const Ctx& ctx, const Seq& s, int64_t i, int64_t k0,
 // Masks in place: row r (query i0 + r) keeps columns [0, visible) of the
 // block's `width` (a multiple of 16) columns; S gets -inf elsewhere, and dP
 // (when given) 0, so that columns a row group did not compute hold no garbage.
-inline void mask_block(const Ctx& ctx, const Seq& s, int64_t i0, int64_t rows, int64_t k0, int64_t bk, int64_t width,
+inline void mask_block(const Ctx& ctx, const Sequence& s, int64_t i0, int64_t rows, int64_t k0, int64_t bk, int64_t width,
                        float* S, float* dP = nullptr) {
   const float ninf = -std::numeric_limits<float>::infinity();
   for (int64_t r = 0; r < rows; ++r) {
@@ -203,11 +203,11 @@ inline void mask_block(const Ctx& ctx, const Seq& s, int64_t i0, int64_t rows, i
 }
 
 // A causal block that crosses the diagonal (some keys hidden from some rows).
-inline bool diagonal_block(const Ctx& ctx, const Seq& s, int64_t i0, int64_t k0, int64_t bk) {
+inline bool diagonal_block(const Ctx& ctx, const Sequence& s, int64_t i0, int64_t k0, int64_t bk) {
   return ctx.p.causal && k0 + bk - 1 > i0 + causal_shift(ctx.p, s.lq, s.lk);
 }
 
-inline bool block_needs_mask(const Ctx& ctx, const Seq& s, int64_t i0, int64_t k0, int64_t bk) {
+inline bool block_needs_mask(const Ctx& ctx, const Sequence& s, int64_t i0, int64_t k0, int64_t bk) {
   return bk % kPanel != 0 || diagonal_block(ctx, s, i0, k0, bk);  // zero-padded panel columns, or causal
 }
 
@@ -268,7 +268,7 @@ inline void pack_sequence(bool transposed, const float* rows, int64_t rs, int64_
 inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, const float* kt, const float* vr,
                           float* scratch) {
   const Problem& p = ctx.p;
-  const Seq s = seq(p, b);
+  const Sequence s = sequence_of(p, b);
   const int64_t D = p.head_dim, rows = std::min<int64_t>(kBlockQ, s.lq - i0);
   const int64_t kvh = h / (p.heads_q / p.heads_k);
   const int64_t q_rs = p.heads_q * D;
@@ -347,7 +347,7 @@ inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, cons
 // The normalised probabilities of queries [i0, i0 + rows) into softmax rows.
 inline void softmax_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, float* scratch) {
   const Problem& p = ctx.p;
-  const Seq s = seq(p, b);
+  const Sequence s = sequence_of(p, b);
   const int64_t D = p.head_dim, rows = std::min<int64_t>(kBlockQ, s.lq - i0);
   const int64_t kvh = h / (p.heads_q / p.heads_k);
   const int64_t q_rs = p.heads_q * D;
@@ -408,7 +408,7 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
                           const float* kr, const float* vt, float* dk_acc, float* dv_acc, float* dq_acc, float* prep,
                           float* scratch) {
   const Problem& p = ctx.p;
-  const Seq s = seq(p, b);
+  const Sequence s = sequence_of(p, b);
   const int64_t D = p.head_dim, group = p.heads_q / p.heads_k;
   const int64_t q_rs = p.heads_q * D;
   const int64_t Dp = (D + kPanel - 1) / kPanel * kPanel;

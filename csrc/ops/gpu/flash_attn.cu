@@ -18,15 +18,19 @@
 //     deterministic.
 // Dropout uses keep_element() of flash_attn.h, bit-identical to the CPU.
 //
-// These kernels favour simplicity over speed (no tensor cores): on a CUDA
-// build of Paddle, paddle_ext.ops.flash_attention sends float16 / bfloat16
-// calls that Paddle's own flash attention takes to that kernel instead.
+// These kernels favour simplicity over speed (no tensor cores). On CUDA
+// sm_80+, forward_gpu and backward_gpu hand the bf16 / fp16 calls that
+// gpu/flash_attn_tc.h takes (head dims 32, 64, 96, 128) to the tensor-core
+// kernels; the rest, float32, and the softmax output, stay here.
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 
 #include "common/gpu_runtime.h"
 #include "flash_attn.h"
+#if defined(PADDLE_EXT_GPU_CUDA)
+#include "gpu/flash_attn_tc.h"
+#endif
 
 #if defined(PADDLE_EXT_GPU_HIP)
 #define PE_FA_SHFL(v, src) __shfl((v), (src), 32)
@@ -48,18 +52,6 @@ constexpr float kLn2 = 0.6931471805599453f;
 gpu::Stream as_stream(void* stream) { return static_cast<gpu::Stream>(stream); }
 
 void check_launch() { PADDLE_EXT_GPU_CHECK(gpu::get_last_error()); }
-
-struct SeqDev {
-  int64_t q0, lq, k0, lk;
-};
-
-__device__ inline SeqDev seq_of(const Problem& p, int64_t b) {
-  if (p.cu_q != nullptr) {
-    return {p.cu_q[b], static_cast<int64_t>(p.cu_q[b + 1]) - p.cu_q[b], p.cu_k[b],
-            static_cast<int64_t>(p.cu_k[b + 1]) - p.cu_k[b]};
-  }
-  return {b * p.seqlen_q, p.seqlen_q, b * p.seqlen_k, p.seqlen_k};
-}
 
 __device__ inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
@@ -136,7 +128,7 @@ struct LaneRow {
   }
 };
 
-__device__ inline bool visible(const Problem& p, const SeqDev& s, int64_t i, int64_t j) {
+__device__ inline bool visible(const Problem& p, const Sequence& s, int64_t i, int64_t j) {
   return j < s.lk && (!p.causal || j <= i + causal_shift(p, s.lq, s.lk));
 }
 
@@ -145,17 +137,13 @@ __device__ inline float dropout_scale(const Problem& p, uint64_t sub, int64_t i,
   return keep_element(p.seed, sub, dropout_threshold(p.dropout), i, j) ? 1.f / (1.f - p.dropout) : 0.f;
 }
 
-__device__ inline int64_t lse_index(const Problem& p, const SeqDev& s, int64_t h, int64_t i) {
-  return h * p.lse_head_stride + s.q0 * p.lse_token_mult + i;
-}
-
 // ---- forward -----------------------------------------------------------------
 
 template <int DV>
 __global__ void forward_kernel(Problem p, const void* q, const void* k, const void* v, void* out, float* lse) {
   const int lane = threadIdx.x % kLanes, group = threadIdx.x / kLanes;
   const int64_t b = blockIdx.z, h = blockIdx.y, i = int64_t{blockIdx.x} * kGroups + group;
-  const SeqDev s = seq_of(p, b);
+  const Sequence s = sequence_of(p, b);
   if (i >= s.lq) return;
   const int64_t D = p.head_dim, kvh = h / (p.heads_q / p.heads_k);
   const int64_t q_rs = p.heads_q * D, k_rs = p.heads_k * D;
@@ -190,7 +178,7 @@ template <int DV>
 __global__ void softmax_kernel(Problem p, const void* q, const void* k, const float* lse, void* softmax) {
   const int lane = threadIdx.x % kLanes, group = threadIdx.x / kLanes;
   const int64_t b = blockIdx.z, h = blockIdx.y, i = int64_t{blockIdx.x} * kGroups + group;
-  const SeqDev s = seq_of(p, b);
+  const Sequence s = sequence_of(p, b);
   if (i >= s.lq) return;
   const int64_t D = p.head_dim, kvh = h / (p.heads_q / p.heads_k);
   const int64_t q_rs = p.heads_q * D, k_rs = p.heads_k * D;
@@ -219,7 +207,7 @@ __global__ void backward_dq_kernel(Problem p, const void* q, const void* k, cons
                                    const void* dout, const float* lse, void* dq, float* di) {
   const int lane = threadIdx.x % kLanes, group = threadIdx.x / kLanes;
   const int64_t b = blockIdx.z, h = blockIdx.y, i = int64_t{blockIdx.x} * kGroups + group;
-  const SeqDev s = seq_of(p, b);
+  const Sequence s = sequence_of(p, b);
   if (i >= s.lq) return;
   const int64_t D = p.head_dim, kvh = h / (p.heads_q / p.heads_k);
   const int64_t q_rs = p.heads_q * D, k_rs = p.heads_k * D;
@@ -258,7 +246,7 @@ __global__ void backward_dkv_kernel(Problem p, const void* q, const void* k, con
                                     const float* lse, const float* di, void* dk, void* dv) {
   const int lane = threadIdx.x % kLanes, group = threadIdx.x / kLanes;
   const int64_t b = blockIdx.z, kvh = blockIdx.y, j = int64_t{blockIdx.x} * kGroups + group;
-  const SeqDev s = seq_of(p, b);
+  const Sequence s = sequence_of(p, b);
   if (j >= s.lk) return;
   const int64_t D = p.head_dim, G = p.heads_q / p.heads_k;
   const int64_t q_rs = p.heads_q * D, k_rs = p.heads_k * D;
@@ -320,6 +308,9 @@ bool empty(const Problem& p) { return p.batch == 0 || p.heads_q == 0 || p.seqlen
 void forward_gpu(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
                  void* stream) {
   if (empty(p)) return;
+#if defined(PADDLE_EXT_GPU_CUDA)
+  if (tc::takes(p, {q, k, v, out})) return tc::forward(p, q, k, v, out, lse, stream);
+#endif
   const dim3 grid = grid_for(p.seqlen_q, p.heads_q, p.batch);
   PE_FA_WITH_DV(p.head_dim, (forward_kernel<DV><<<grid, kThreads, 0, as_stream(stream)>>>(p, q, k, v, out, lse)))
   check_launch();
@@ -349,6 +340,11 @@ void backward_gpu(const Problem& p, const void* q, const void* k, const void* v,
     PADDLE_EXT_GPU_CHECK(gpu::memset_async(dv, 0, bytes, as_stream(stream)));
   }
   if (empty(p)) return;
+#if defined(PADDLE_EXT_GPU_CUDA)
+  if (tc::takes(p, {q, k, v, out, dout, dq, dk, dv})) {
+    return tc::backward(p, q, k, v, out, dout, lse, dq, dk, dv, workspace, stream);
+  }
+#endif
   float* di = static_cast<float*>(workspace);
   const dim3 qgrid = grid_for(p.seqlen_q, p.heads_q, p.batch);
   PE_FA_WITH_DV(p.head_dim, (backward_dq_kernel<DV><<<qgrid, kThreads, 0, as_stream(stream)>>>(
