@@ -24,6 +24,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <initializer_list>
 #include <type_traits>
 
 #include "flash_attn.h"
@@ -43,8 +44,13 @@ constexpr int kStride = D + 8;  // elements of a shared-memory row
 // Shared memory each kernel needs, in bytes.
 template <int D>
 constexpr int kTileBytes = kTile * kStride<D> * 2;
+// The forward's warps own two m-tiles each (128 rows a block), so that each K /
+// V fragment read from shared memory feeds two MMAs (FlashAttention-2's 128 x
+// 64 tiles); the backward's, which hold more accumulators, one.
+constexpr int kForwardMTiles = 2;
+constexpr int kForwardRows = 16 * kWarps * kForwardMTiles;
 template <int D>
-constexpr int kForwardSmemBytes = kBlockRows * kStride<D> * 2 + 4 * kTileBytes<D>;  // Q, 2 stages of (K, V)
+constexpr int kForwardSmemBytes = kForwardRows * kStride<D> * 2 + 4 * kTileBytes<D>;  // Q, 2 stages of (K, V)
 template <int D>
 constexpr int kDqSmemBytes = 2 * kBlockRows * kStride<D> * 2 + 4 * kTileBytes<D>;  // Q, dO, 2 stages of (K, V)
 template <int D>
@@ -52,12 +58,15 @@ constexpr int kDkdvStageBytes = 2 * kTileBytes<D> + 2 * kTile * 4;  // Q, dO, ls
 template <int D>
 constexpr int kDkdvSmemBytes = 2 * kBlockRows * kStride<D> * 2 + 2 * kDkdvStageBytes<D>;  // K, V, 2 query stages
 
-PADDLE_EXT_HOST_DEVICE inline int64_t blocks_of(int64_t rows) { return (rows + kBlockRows - 1) / kBlockRows; }
+PADDLE_EXT_HOST_DEVICE inline int64_t blocks_of(int64_t rows, int per_block) {
+  return (rows + per_block - 1) / per_block;
+}
 
-// The first query row of a forward / dq block. Causal: the last rows (the most
-// keys) go to the first blocks launched, so the longest blocks do not trail.
-PE_TC_DEVICE int64_t query_block_start(const Problem& p) {
-  return (p.causal ? blocks_of(p.seqlen_q) - 1 - block_x() : block_x()) * kBlockRows;
+// The first query row of a forward / dq block of `rows` rows. Causal: the
+// last rows (the most keys) go to the first blocks launched, so the longest
+// blocks do not trail.
+PE_TC_DEVICE int64_t query_block_start(const Problem& p, int rows) {
+  return (p.causal ? blocks_of(p.seqlen_q, rows) - 1 - block_x() : block_x()) * rows;
 }
 
 PE_TC_DEVICE int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
@@ -94,18 +103,26 @@ PE_TC_DEVICE void load_b_cols(uint32_t b[4], const uint16_t* tile, int k0, int n
   ldmatrix_x4_trans(b, tile + (k0 + ((lane / 8) % 2) * 8 + lane % 8) * S + n0 + (lane / 16) * 8);
 }
 
-// acc[NT] (16 x 8 n-tiles) += A (16 x 16 * KS, fragments a) * B^T where B's rows
-// (n) are rows n0.. of tile: S = Q K^T and the like.
-template <bool kBf16, int KS, int NT, int S>
-PE_TC_DEVICE void mma_rows(float (*acc)[4], const uint32_t (*a)[4], const uint16_t* tile, int lane) {
+// For each of a warp's MT m-tiles (16 rows each): acc[mt] (NT n-tiles of 16 x 8)
+// += A_mt (16 x 16 KS) * B^T, where B's rows (n) are rows 0.. of tile: S = Q K^T
+// and the like. load_a(mt, ks, a) gives A_mt's fragments of k-step ks (from
+// registers or shared memory); each B fragment serves all MT m-tiles.
+template <bool kBf16, int KS, int NT, int S, int MT, class LoadA>
+PE_TC_DEVICE void mma_rows(float (*acc)[NT][4], LoadA&& load_a, const uint16_t* tile, int lane) {
 PE_TC_UNROLL
   for (int ks = 0; ks < KS; ++ks) {
+    uint32_t a[MT][4];
+PE_TC_UNROLL
+    for (int mt = 0; mt < MT; ++mt) load_a(mt, ks, a[mt]);
 PE_TC_UNROLL
     for (int np = 0; np < NT / 2; ++np) {
       uint32_t b[4];
       load_b_rows<S>(b, tile, np * 16, ks, lane);
-      mma_16816<kBf16>(acc[2 * np], a[ks], b[0], b[1]);
-      mma_16816<kBf16>(acc[2 * np + 1], a[ks], b[2], b[3]);
+PE_TC_UNROLL
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816<kBf16>(acc[mt][2 * np], a[mt], b[0], b[1]);
+        mma_16816<kBf16>(acc[mt][2 * np + 1], a[mt], b[2], b[3]);
+      }
     }
   }
 }
@@ -123,17 +140,21 @@ PE_TC_UNROLL
   }
 }
 
-// acc[DT] (16 x D) += A (16 x 16 * KK) * tile (KK * 16 rows x D, k-major).
-template <bool kBf16, int KK, int DT, int S>
-PE_TC_DEVICE void mma_cols(float (*acc)[4], const uint32_t (*a)[4], const uint16_t* tile, int lane) {
+// For each m-tile: acc[mt] (16 x D) += A_mt (16 x 16 KK, fragments a[mt]) *
+// tile (16 KK rows x D, k-major).
+template <bool kBf16, int KK, int DT, int S, int MT>
+PE_TC_DEVICE void mma_cols(float (*acc)[DT][4], const uint32_t (*a)[KK][4], const uint16_t* tile, int lane) {
 PE_TC_UNROLL
   for (int kk = 0; kk < KK; ++kk) {
 PE_TC_UNROLL
     for (int dp = 0; dp < DT / 2; ++dp) {
       uint32_t b[4];
       load_b_cols<S>(b, tile, kk * 16, dp * 16, lane);
-      mma_16816<kBf16>(acc[2 * dp], a[kk], b[0], b[1]);
-      mma_16816<kBf16>(acc[2 * dp + 1], a[kk], b[2], b[3]);
+PE_TC_UNROLL
+      for (int mt = 0; mt < MT; ++mt) {
+        mma_16816<kBf16>(acc[mt][2 * dp], a[mt][kk], b[0], b[1]);
+        mma_16816<kBf16>(acc[mt][2 * dp + 1], a[mt][kk], b[2], b[3]);
+      }
     }
   }
 }
@@ -156,19 +177,23 @@ PE_TC_UNROLL
   }
 }
 
+PE_TC_DEVICE void copy4(uint32_t* dst, const uint32_t* src) {
+  dst[0] = src[0], dst[1] = src[1], dst[2] = src[2], dst[3] = src[3];
+}
+
 template <int NT>
 PE_TC_DEVICE void zero(float (*acc)[4]) {
 PE_TC_UNROLL
   for (int n = 0; n < NT; ++n) acc[n][0] = acc[n][1] = acc[n][2] = acc[n][3] = 0.f;
 }
 
-// Keys a block of queries [m0, m0 + kBlockRows) attends to: [0, end).
-PE_TC_DEVICE int64_t key_end(const Problem& p, const Sequence& s, int64_t m0) {
+// Keys a block of queries [m0, m0 + rows) attends to: [0, end).
+PE_TC_DEVICE int64_t key_end(const Problem& p, const Sequence& s, int64_t m0, int rows) {
   if (!p.causal) return s.lk;
-  return max64(0, min64(s.lk, m0 + kBlockRows + causal_shift(p, s.lq, s.lk)));
+  return max64(0, min64(s.lk, m0 + rows + causal_shift(p, s.lq, s.lk)));
 }
 
-// Whether key tile [j0, j0 + kTile) needs the mask for queries [m0, m0 + kBlockRows).
+// Whether key tile [j0, j0 + kTile) needs the mask for queries m0 and after.
 PE_TC_DEVICE bool tile_needs_mask(const Problem& p, const Sequence& s, int64_t m0, int64_t j0) {
   return j0 + kTile > s.lk || (p.causal && j0 + kTile - 1 > m0 + causal_shift(p, s.lq, s.lk));
 }
@@ -187,8 +212,8 @@ PE_TC_DEVICE Dropout dropout_of(const Problem& p, int64_t b, int64_t h) {
           dropout_subsequence(p.offset, b, p.heads_q, h)};
 }
 
-// A forward / dq block: 64 query rows of one (sequence, head), and the key
-// tiles they attend to.
+// A forward / dq block: query rows of one (sequence, head), and the key tiles
+// they attend to.
 struct QueryBlock {
   int warp, lane, g, t;  // lane = 4 g + t
   int64_t b, h, kvh, m0, q_rs, k_rs, shift;
@@ -197,15 +222,15 @@ struct QueryBlock {
 };
 
 template <int D>
-PE_TC_DEVICE QueryBlock query_block(const Problem& p) {
+PE_TC_DEVICE QueryBlock query_block(const Problem& p, int rows) {
   QueryBlock qb;
   const int tid = thread_rank();
   qb.warp = tid / 32, qb.lane = tid % 32, qb.g = qb.lane / 4, qb.t = qb.lane % 4;
-  qb.b = block_z(), qb.h = block_y(), qb.m0 = query_block_start(p);
+  qb.b = block_z(), qb.h = block_y(), qb.m0 = query_block_start(p, rows);
   qb.kvh = qb.h / (p.heads_q / p.heads_k), qb.q_rs = p.heads_q * D, qb.k_rs = p.heads_k * D;
   qb.s = sequence_of(p, qb.b);
   qb.shift = causal_shift(p, qb.s.lq, qb.s.lk);
-  qb.n_tiles = static_cast<int>((key_end(p, qb.s, qb.m0) + kTile - 1) / kTile);
+  qb.n_tiles = static_cast<int>((key_end(p, qb.s, qb.m0, rows) + kTile - 1) / kTile);
   return qb;
 }
 
@@ -261,8 +286,8 @@ PE_TC_DEVICE void keep_pair(const Problem& p, const Dropout& z, int64_t i, int64
 template <int D, bool kBf16>
 PE_TC_KERNEL void forward_kernel(Problem p, const uint16_t* q, const uint16_t* k, const uint16_t* v, uint16_t* out,
                                  float* lse) {
-  constexpr int S = kStride<D>, KS = D / 16, NT = kTile / 8, DT = D / 8;
-  const QueryBlock qb = query_block<D>(p);
+  constexpr int S = kStride<D>, KS = D / 16, NT = kTile / 8, DT = D / 8, MT = kForwardMTiles;
+  const QueryBlock qb = query_block<D>(p, kForwardRows);
   const Sequence& s = qb.s;
   const int64_t m0 = qb.m0, h = qb.h, q_rs = qb.q_rs, shift = qb.shift;
   const int warp = qb.warp, lane = qb.lane, g = qb.g, t = qb.t, n_tiles = qb.n_tiles;
@@ -270,81 +295,96 @@ PE_TC_KERNEL void forward_kernel(Problem p, const uint16_t* q, const uint16_t* k
   const float scale2 = p.scale * kLog2e;
   const Dropout drop = dropout_of(p, qb.b, h);
   uint16_t* q_tile = reinterpret_cast<uint16_t*>(dynamic_smem());
-  const KvRing<D> ring = kv_ring<D>(q_tile + kBlockRows * S, qb, k, v);
-  load_tile<D, kBlockRows>(q_tile, q + (s.q0 + m0) * q_rs + h * D, q_rs, s.lq - m0);
+  const KvRing<D> ring = kv_ring<D>(q_tile + kForwardRows * S, qb, k, v);
+  load_tile<D, kForwardRows>(q_tile, q + (s.q0 + m0) * q_rs + h * D, q_rs, s.lq - m0);
   if (n_tiles > 0) ring.issue(0);
   cp_async_commit();
 
-  const int64_t row0 = m0 + warp * 16 + g, row1 = row0 + 8;  // this lane's two query rows
-  uint32_t qf[KS][4];
-  float o[DT][4], m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  zero<DT>(o);
+  const int wrow = warp * 16 * MT;  // the warp's first row within the block
+  // Q's fragments are read from shared memory for every key tile (kept in
+  // registers, they would not leave room for two m-tiles' accumulators).
+  auto load_q = [&](int mt, int ks, uint32_t* a) { load_a<S>(a, q_tile, wrow + 16 * mt, ks, lane); };
+  float o[MT][DT][4], m[MT][2], l[MT][2];
+PE_TC_UNROLL
+  for (int mt = 0; mt < MT; ++mt) {
+    zero<DT>(o[mt]);
+    m[mt][0] = m[mt][1] = -INFINITY;
+    l[mt][0] = l[mt][1] = 0.f;
+  }
   for (int j = 0; j < n_tiles; ++j) {
     ring_step(j, n_tiles, [&](int next) { ring.issue(next); });
-    if (j == 0) {
+    float sc[MT][NT][4];
 PE_TC_UNROLL
-      for (int ks = 0; ks < KS; ++ks) load_a<S>(qf[ks], q_tile, warp * 16, ks, lane);
-    }
-    float sc[NT][4];
-    zero<NT>(sc);
-    mma_rows<kBf16, KS, NT, S>(sc, qf, ring.k_tile(j), lane);
-    const int64_t j0 = int64_t{j} * kTile;
+    for (int mt = 0; mt < MT; ++mt) zero<NT>(sc[mt]);
+    mma_rows<kBf16, KS, NT, S, MT>(sc, load_q, ring.k_tile(j), lane);
+    // Positions within the sequence in 32 bits (sequences are shorter than 2^31):
+    // 64-bit ones cost the registers that two m-tiles need.
+    const int j0 = j * kTile, lk = static_cast<int>(s.lk);
     const bool masked = tile_needs_mask(p, s, m0, j0);
 PE_TC_UNROLL
-    for (int half = 0; half < 2; ++half) {
-      const int64_t i = half ? row1 : row0;
-      float mx = -INFINITY;
+    for (int mt = 0; mt < MT; ++mt) {
 PE_TC_UNROLL
-      for (int nt = 0; nt < NT; ++nt) {
+      for (int half = 0; half < 2; ++half) {
+        const int i = static_cast<int>(m0) + wrow + 16 * mt + 8 * half + g;  // this lane's query row
+        const int last = p.causal ? i + static_cast<int>(shift) : lk - 1;     // its last visible key
+        float mx = -INFINITY;
 PE_TC_UNROLL
-        for (int e = 0; e < 2; ++e) {
-          const int64_t col = j0 + nt * 8 + 2 * t + e;
-          float x = sc[nt][2 * half + e] * scale2;
-          if (masked && !(col < s.lk && (!p.causal || col <= i + shift))) x = -INFINITY;
-          sc[nt][2 * half + e] = x;
-          mx = fmaxf(mx, x);
+        for (int nt = 0; nt < NT; ++nt) {
+PE_TC_UNROLL
+          for (int e = 0; e < 2; ++e) {
+            const int col = j0 + nt * 8 + 2 * t + e;
+            float x = sc[mt][nt][2 * half + e] * scale2;
+            if (masked && (col >= lk || col > last)) x = -INFINITY;
+            sc[mt][nt][2 * half + e] = x;
+            mx = fmaxf(mx, x);
+          }
+        }
+        mx = fmaxf(mx, shfl_xor(mx, 1));
+        mx = fmaxf(mx, shfl_xor(mx, 2));
+        const float mnew = fmaxf(m[mt][half], mx), mref = mnew == -INFINITY ? 0.f : mnew;
+        const float alpha = fast_exp2(m[mt][half] - mref);
+        m[mt][half] = mnew;
+        float sum = 0.f;
+PE_TC_UNROLL
+        for (int nt = 0; nt < NT; ++nt) {
+          float z0 = 1.f, z1 = 1.f;
+          if (p.dropout > 0.f) keep_pair(p, drop, i, j0 + nt * 8 + 2 * t, &z0, &z1);
+          const float p0 = fast_exp2(sc[mt][nt][2 * half] - mref), p1 = fast_exp2(sc[mt][nt][2 * half + 1] - mref);
+          sum += p0 + p1;
+          sc[mt][nt][2 * half] = p0 * z0;
+          sc[mt][nt][2 * half + 1] = p1 * z1;
+        }
+        l[mt][half] = l[mt][half] * alpha + sum;
+PE_TC_UNROLL
+        for (int dt = 0; dt < DT; ++dt) {
+          o[mt][dt][2 * half] *= alpha;
+          o[mt][dt][2 * half + 1] *= alpha;
         }
       }
-      mx = fmaxf(mx, shfl_xor(mx, 1));
-      mx = fmaxf(mx, shfl_xor(mx, 2));
-      const float mnew = fmaxf(m[half], mx), mref = mnew == -INFINITY ? 0.f : mnew;
-      const float alpha = fast_exp2(m[half] - mref);
-      m[half] = mnew;
-      float sum = 0.f;
-PE_TC_UNROLL
-      for (int nt = 0; nt < NT; ++nt) {
-        float z0 = 1.f, z1 = 1.f;
-        if (p.dropout > 0.f) keep_pair(p, drop, i, j0 + nt * 8 + 2 * t, &z0, &z1);
-        const float p0 = fast_exp2(sc[nt][2 * half] - mref), p1 = fast_exp2(sc[nt][2 * half + 1] - mref);
-        sum += p0 + p1;
-        sc[nt][2 * half] = p0 * z0;
-        sc[nt][2 * half + 1] = p1 * z1;
-      }
-      l[half] = l[half] * alpha + sum;
-PE_TC_UNROLL
-      for (int dt = 0; dt < DT; ++dt) {
-        o[dt][2 * half] *= alpha;
-        o[dt][2 * half + 1] *= alpha;
-      }
     }
-    uint32_t pa[NT / 2][4];
-    to_a<kBf16, NT>(pa, sc);
-    mma_cols<kBf16, NT / 2, DT, S>(o, pa, ring.v_tile(j), lane);
+    uint32_t pa[MT][NT / 2][4];
+PE_TC_UNROLL
+    for (int mt = 0; mt < MT; ++mt) to_a<kBf16, NT>(pa[mt], sc[mt]);
+    mma_cols<kBf16, NT / 2, DT, S, MT>(o, pa, ring.v_tile(j), lane);
     block_sync();  // the stage is refilled by the next iteration's issue
   }
 PE_TC_UNROLL
-  for (int half = 0; half < 2; ++half) {
-    l[half] += shfl_xor(l[half], 1);
-    l[half] += shfl_xor(l[half], 2);
-  }
-  const int64_t r0 = warp * 16;  // the warp's first row within the block
-  store_rows<kBf16, DT>(o, out + (s.q0 + m0 + r0) * q_rs + h * D, q_rs, g, t, s.lq - m0 - r0,
-                        l[0] > 0.f ? 1.f / l[0] : 0.f, l[1] > 0.f ? 1.f / l[1] : 0.f);
-  if (t == 0) {
+  for (int mt = 0; mt < MT; ++mt) {
 PE_TC_UNROLL
     for (int half = 0; half < 2; ++half) {
-      const int64_t i = half ? row1 : row0;
-      if (i < s.lq) lse[lse_index(p, s, h, i)] = l[half] > 0.f ? (m[half] + log2f(l[half])) * kLn2 : INFINITY;
+      l[mt][half] += shfl_xor(l[mt][half], 1);
+      l[mt][half] += shfl_xor(l[mt][half], 2);
+    }
+    const int64_t r0 = m0 + wrow + 16 * mt;  // the m-tile's first row within the sequence
+    store_rows<kBf16, DT>(o[mt], out + (s.q0 + r0) * q_rs + h * D, q_rs, g, t, s.lq - r0,
+                          l[mt][0] > 0.f ? 1.f / l[mt][0] : 0.f, l[mt][1] > 0.f ? 1.f / l[mt][1] : 0.f);
+    if (t == 0) {
+PE_TC_UNROLL
+      for (int half = 0; half < 2; ++half) {
+        const int64_t i = r0 + 8 * half + g;
+        const float lh = l[mt][half];
+        if (i < s.lq) lse[lse_index(p, s, h, i)] = lh > 0.f ? (m[mt][half] + log2f(lh)) * kLn2 : INFINITY;
+      }
     }
   }
 }
@@ -373,7 +413,7 @@ template <int D, bool kBf16>
 PE_TC_KERNEL void dq_kernel(Problem p, const uint16_t* q, const uint16_t* k, const uint16_t* v, const uint16_t* dout,
                             const float* lse, const float* di, uint16_t* dq) {
   constexpr int S = kStride<D>, KS = D / 16, NT = kTile / 8, DT = D / 8;
-  const QueryBlock qb = query_block<D>(p);
+  const QueryBlock qb = query_block<D>(p, kBlockRows);
   const Sequence& s = qb.s;
   const int64_t m0 = qb.m0, h = qb.h, q_rs = qb.q_rs, shift = qb.shift;
   const int warp = qb.warp, lane = qb.lane, g = qb.g, t = qb.t, n_tiles = qb.n_tiles;
@@ -398,8 +438,8 @@ PE_TC_UNROLL
     dsum[half] = i < s.lq ? di[h * p.total_q + s.q0 + i] : 0.f;
   }
   uint32_t qf[KS][4], dof[KS][4];
-  float dqa[DT][4];
-  zero<DT>(dqa);
+  float dqa[1][DT][4];
+  zero<DT>(dqa[0]);
   for (int j = 0; j < n_tiles; ++j) {
     ring_step(j, n_tiles, [&](int next) { ring.issue(next); });
     if (j == 0) {
@@ -409,11 +449,11 @@ PE_TC_UNROLL
         load_a<S>(dof[ks], do_tile, warp * 16, ks, lane);
       }
     }
-    float sc[NT][4], dp[NT][4];
-    zero<NT>(sc);
-    zero<NT>(dp);
-    mma_rows<kBf16, KS, NT, S>(sc, qf, ring.k_tile(j), lane);
-    mma_rows<kBf16, KS, NT, S>(dp, dof, ring.v_tile(j), lane);
+    float sc[1][NT][4], dp[1][NT][4];
+    zero<NT>(sc[0]);
+    zero<NT>(dp[0]);
+    mma_rows<kBf16, KS, NT, S, 1>(sc, [&](int, int ks, uint32_t* a) { copy4(a, qf[ks]); }, ring.k_tile(j), lane);
+    mma_rows<kBf16, KS, NT, S, 1>(dp, [&](int, int ks, uint32_t* a) { copy4(a, dof[ks]); }, ring.v_tile(j), lane);
     const int64_t j0 = int64_t{j} * kTile;
     const bool masked = tile_needs_mask(p, s, m0, j0);
 PE_TC_UNROLL
@@ -427,18 +467,18 @@ PE_TC_UNROLL
 PE_TC_UNROLL
         for (int e = 0; e < 2; ++e) {
           const bool ok = !masked || (col + e < s.lk && (!p.causal || col + e <= i + shift));
-          const float pr = ok ? fast_exp2(sc[nt][2 * half + e] * scale2 - lse2[half]) : 0.f;
-          sc[nt][2 * half + e] = pr * (dp[nt][2 * half + e] * z[e] - dsum[half]) * p.scale;  // dS
+          const float pr = ok ? fast_exp2(sc[0][nt][2 * half + e] * scale2 - lse2[half]) : 0.f;
+          sc[0][nt][2 * half + e] = pr * (dp[0][nt][2 * half + e] * z[e] - dsum[half]) * p.scale;  // dS
         }
       }
     }
-    uint32_t dsa[NT / 2][4];
-    to_a<kBf16, NT>(dsa, sc);
-    mma_cols<kBf16, NT / 2, DT, S>(dqa, dsa, ring.k_tile(j), lane);
+    uint32_t dsa[1][NT / 2][4];
+    to_a<kBf16, NT>(dsa[0], sc[0]);
+    mma_cols<kBf16, NT / 2, DT, S, 1>(dqa, dsa, ring.k_tile(j), lane);
     block_sync();
   }
   const int64_t r0 = warp * 16;
-  store_rows<kBf16, DT>(dqa, dq + qoff + r0 * q_rs, q_rs, g, t, s.lq - m0 - r0, 1.f, 1.f);
+  store_rows<kBf16, DT>(dqa[0], dq + qoff + r0 * q_rs, q_rs, g, t, s.lq - m0 - r0, 1.f, 1.f);
 }
 
 template <int D, bool kBf16>
@@ -484,9 +524,9 @@ PE_TC_KERNEL void dkdv_kernel(Problem p, const uint16_t* q, const uint16_t* k, c
   cp_async_commit();
 
   const int64_t key0 = n0 + warp * 16 + g, key1 = key0 + 8;  // this lane's two key rows
-  float dka[DT][4], dva[DT][4];
-  zero<DT>(dka);
-  zero<DT>(dva);
+  float dka[1][DT][4], dva[1][DT][4];
+  zero<DT>(dka[0]);
+  zero<DT>(dva[0]);
   for (int j = 0; j < n_tiles; ++j) {
     ring_step(j, n_tiles, issue);
     const uint16_t* qt = stage_q(j);
@@ -495,32 +535,17 @@ PE_TC_KERNEL void dkdv_kernel(Problem p, const uint16_t* q, const uint16_t* k, c
     const float* di_t = lse_t + kTile;
     const int64_t h = head_of(j), i0 = start_of(j);
     const Dropout drop = dropout_of(p, b, h);
-    float st[NT][4], dpt[NT][4];
-    zero<NT>(st);
-    zero<NT>(dpt);
-PE_TC_UNROLL
-    for (int ks = 0; ks < KS; ++ks) {
-      uint32_t a[1][4];
-      load_a<S>(a[0], k_tile, warp * 16, ks, lane);
-PE_TC_UNROLL
-      for (int np = 0; np < NT / 2; ++np) {
-        uint32_t bq[4];
-        load_b_rows<S>(bq, qt, np * 16, ks, lane);
-        mma_16816<kBf16>(st[2 * np], a[0], bq[0], bq[1]);
-        mma_16816<kBf16>(st[2 * np + 1], a[0], bq[2], bq[3]);
-      }
-      load_a<S>(a[0], v_tile, warp * 16, ks, lane);
-PE_TC_UNROLL
-      for (int np = 0; np < NT / 2; ++np) {
-        uint32_t bq[4];
-        load_b_rows<S>(bq, dot, np * 16, ks, lane);
-        mma_16816<kBf16>(dpt[2 * np], a[0], bq[0], bq[1]);
-        mma_16816<kBf16>(dpt[2 * np + 1], a[0], bq[2], bq[3]);
-      }
-    }
+    // S^T = K Q^T and dP^T = V dO^T, the warp's 16 keys against the tile's queries.
+    float st[1][NT][4], dpt[1][NT][4];
+    zero<NT>(st[0]);
+    zero<NT>(dpt[0]);
+    mma_rows<kBf16, KS, NT, S, 1>(st, [&](int, int ks, uint32_t* a) { load_a<S>(a, k_tile, warp * 16, ks, lane); },
+                                  qt, lane);
+    mma_rows<kBf16, KS, NT, S, 1>(dpt, [&](int, int ks, uint32_t* a) { load_a<S>(a, v_tile, warp * 16, ks, lane); },
+                                  dot, lane);
     // Rows are keys (key0, key1), columns queries i0 + 8 nt + 2t + e.
     const bool masked = p.causal && n0 + kBlockRows - 1 > i0 + shift;
-    float pz[NT][4];
+    float pz[1][NT][4];
 PE_TC_UNROLL
     for (int half = 0; half < 2; ++half) {
       const int64_t jkey = half ? key1 : key0;
@@ -531,23 +556,23 @@ PE_TC_UNROLL
           const int c = nt * 8 + 2 * t + e;
           const int64_t i = i0 + c;
           const bool ok = !masked || jkey <= i + shift;
-          const float pr = ok ? fast_exp2(st[nt][2 * half + e] * scale2 - lse_t[c]) : 0.f;
+          const float pr = ok ? fast_exp2(st[0][nt][2 * half + e] * scale2 - lse_t[c]) : 0.f;
           const float z = p.dropout > 0.f && !keep_element(p.seed, drop.sub, drop.threshold, i, jkey) ? 0.f : drop.rkeep;
-          pz[nt][2 * half + e] = pr * z;
-          st[nt][2 * half + e] = pr * (dpt[nt][2 * half + e] * z - di_t[c]) * p.scale;  // dS^T
+          pz[0][nt][2 * half + e] = pr * z;
+          st[0][nt][2 * half + e] = pr * (dpt[0][nt][2 * half + e] * z - di_t[c]) * p.scale;  // dS^T
         }
       }
     }
-    uint32_t fa[NT / 2][4];
-    to_a<kBf16, NT>(fa, pz);
-    mma_cols<kBf16, NT / 2, DT, S>(dva, fa, dot, lane);
-    to_a<kBf16, NT>(fa, st);
-    mma_cols<kBf16, NT / 2, DT, S>(dka, fa, qt, lane);
+    uint32_t fa[1][NT / 2][4];
+    to_a<kBf16, NT>(fa[0], pz[0]);
+    mma_cols<kBf16, NT / 2, DT, S, 1>(dva, fa, dot, lane);
+    to_a<kBf16, NT>(fa[0], st[0]);
+    mma_cols<kBf16, NT / 2, DT, S, 1>(dka, fa, qt, lane);
     block_sync();
   }
   const int64_t r0 = warp * 16;
-  store_rows<kBf16, DT>(dka, dk + koff + r0 * k_rs, k_rs, g, t, s.lk - n0 - r0, 1.f, 1.f);
-  store_rows<kBf16, DT>(dva, dv + koff + r0 * k_rs, k_rs, g, t, s.lk - n0 - r0, 1.f, 1.f);
+  store_rows<kBf16, DT>(dka[0], dk + koff + r0 * k_rs, k_rs, g, t, s.lk - n0 - r0, 1.f, 1.f);
+  store_rows<kBf16, DT>(dva[0], dv + koff + r0 * k_rs, k_rs, g, t, s.lk - n0 - r0, 1.f, 1.f);
 }
 
 // ---- the launch plan: one for the CUDA launcher and the emulator ---------------
@@ -573,7 +598,7 @@ inline int smem_bytes_needed(int64_t head_dim) {
   int bytes = 0;
   with_head_dim(head_dim, [&](auto dim) {
     constexpr int D = decltype(dim)::value;
-    bytes = kDkdvSmemBytes<D> > kDqSmemBytes<D> ? kDkdvSmemBytes<D> : kDqSmemBytes<D>;
+    for (int b : {kForwardSmemBytes<D>, kDqSmemBytes<D>, kDkdvSmemBytes<D>}) bytes = b > bytes ? b : bytes;
   });
   return bytes;
 }
@@ -583,7 +608,7 @@ inline int smem_bytes_needed(int64_t head_dim) {
 template <class Launch>
 void run_forward(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse,
                  Launch&& launch) {
-  const Grid grid{blocks_of(p.seqlen_q), p.heads_q, p.batch};
+  const Grid grid{blocks_of(p.seqlen_q, kForwardRows), p.heads_q, p.batch};
   const auto* qh = static_cast<const uint16_t*>(q);
   const auto* kh = static_cast<const uint16_t*>(k);
   const auto* vh = static_cast<const uint16_t*>(v);
@@ -612,7 +637,8 @@ void run_backward(const Problem& p, const void* q, const void* k, const void* v,
   auto* dvh = static_cast<uint16_t*>(dv);
   float* di = static_cast<float*>(workspace);
   const Grid rows{(p.total_q * p.heads_q + kWarps - 1) / kWarps, 1, 1};
-  const Grid queries{blocks_of(p.seqlen_q), p.heads_q, p.batch}, keys{blocks_of(p.seqlen_k), p.heads_k, p.batch};
+  const Grid queries{blocks_of(p.seqlen_q, kBlockRows), p.heads_q, p.batch};
+  const Grid keys{blocks_of(p.seqlen_k, kBlockRows), p.heads_k, p.batch};
   with_head_dim(p.head_dim, [&](auto dim) {
     constexpr int D = decltype(dim)::value;
     const bool bf16 = p.kind == FloatKind::kBFloat16;
