@@ -1,18 +1,19 @@
 // The tensor-core FlashAttention-2 kernels (bf16 / fp16, head dims 32, 64, 96,
 // 128), written only against the primitives of gpu/warp_mma.cuh: included by
-// gpu/flash_attn_tc.cu for CUDA, and by tests/gpu/tc_emulation_check.cc after
+// gpu/flash_attn_tc.cu for CUDA, and by tests/gpu/flash_attn_tc_emulated.cc after
 // tests/gpu/warp_emulator.h, which runs them on a CPU. Same contract as
 // flash_attn.h; float32 accumulation, P and dS rounded to the input type
 // before their products (as flash-attention does).
 //
-// Tiles: a block is 4 warps; a warp owns 16 rows of the block's 64. Tiles
+// Tiles: a block is 4 warps; a warp owns 32 query rows of a forward block's
+// 128 (two m-tiles), 16 of a backward block's 64 (queries or keys). Tiles
 // move global -> shared by cp.async (rows past a sequence's end read as
 // zeros), shared -> registers by ldmatrix; a shared row holds head_dim + 8
 // elements, which puts the 8 rows an ldmatrix reads in 8 distinct bank
 // groups. The key / query tiles a block loops over go through a two-stage
 // ring: tile j + 1 is in flight while tile j is computed on.
-//   forward: block = 64 queries of one (sequence, head); online softmax over
-//     key tiles of 64 in registers (each lane keeps two rows' max and partial
+//   forward: block = 128 queries of one (sequence, head); online softmax over
+//     key tiles of 64 in registers (each lane keeps four rows' max and partial
 //     sum, combined across the row's 4 lanes by shuffles).
 //   backward, in FlashAttention-2's order but without atomics, so that it is
 //     deterministic: rowdot_kernel D = rowsum(dO * O); dkdv_kernel: block =
