@@ -178,6 +178,18 @@ run_built() {
 
 skip_label="cpu half ok" run_built kernels kernels_check "$out/kernels_check"
 run_built c_embedding-probe device_probe "$out/device_probe"
+# Shared-memory races and out-of-bounds accesses of the flash-attention kernels
+# (tensor-core and simple), which the warp emulator cannot show: small cases
+# under compute-sanitizer, where the toolkit has it.
+sanitizer=$(command -v compute-sanitizer || ls /usr/local/cuda*/bin/compute-sanitizer 2>/dev/null | head -n 1)
+if [ -n "$gpu" ] && [ -n "$sanitizer" ]; then
+  for tool in racecheck memcheck; do
+    run_built "sanitizer-$tool" kernels_check "$sanitizer" --tool "$tool" --error-exitcode 1 \
+      "$out/kernels_check" --flash "bf16 S130 H2 D32,bf16 causal-br Sq64 Sk192 D128"
+  done
+elif [ -n "$gpu" ]; then
+  echo "== device_check: sanitizer-racecheck, sanitizer-memcheck: not run: no compute-sanitizer here"
+fi
 if [ -n "$native_dir" ]; then
   run_built runtime-pool-event runtime-cmake env PYTHONUNBUFFERED=1 "$PYTHON" tests/runtime/gpu_check.py \
     stream-reuse --native-dir "$native_dir"

@@ -44,6 +44,20 @@ namespace ro = paddle_ext::rotary;
 namespace ce = paddle_ext::c_embedding;
 
 bool have_gpu = false;
+// --flash PART[,PART...]: only the flash cases whose name contains a part,
+// without the emulated rows, rotary and c_embedding (what compute-sanitizer runs).
+std::string only_flash;
+
+bool selected(const std::string& name) {
+  if (only_flash.empty()) return true;
+  size_t begin = 0;
+  for (;;) {
+    const size_t end = only_flash.find(',', begin);
+    if (name.find(only_flash.substr(begin, end - begin)) != std::string::npos) return true;
+    if (end == std::string::npos) return false;
+    begin = end + 1;
+  }
+}
 int checks = 0, failures = 0, todos = 0;
 std::mt19937 rng(20261202);
 
@@ -341,7 +355,7 @@ void run_flash_case(const FlashCase& c) {
         notes += ", CPU replay differs";
       }
     }
-    guarded("flash-tc", c.name, [&] { run_flash_tc_emulated(c, qb, kb, vb, db, cpu, r); });
+    if (only_flash.empty()) guarded("flash-tc", c.name, [&] { run_flash_tc_emulated(c, qb, kb, vb, db, cpu, r); });
   }
   if (have_gpu) {
     DeviceBuffer q(qb), k(kb), v(vb), dout(db), cu_q(s.cu_q), cu_k(s.cu_k);
@@ -662,7 +676,15 @@ void run_c_embedding_case(FloatKind kind, int64_t rows, int64_t width, int64_t s
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  for (int i = 1; i < argc; ++i) {
+    if (std::string(argv[i]) == "--flash" && i + 1 < argc) {
+      only_flash = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: kernels_check [--flash NAME-PART[,NAME-PART...]]\n");
+      return 2;
+    }
+  }
   int devices = 0;
   const gpu::Error err = gpu::device_count(&devices);
   have_gpu = err == gpu::kSuccess && devices > 0;
@@ -678,7 +700,15 @@ int main() {
     (void)gpu::get_last_error();
   }
   std::printf("%-9s %-36s %10s %10s  %-34s %s\n", "kernel", "case", "cpu-vs-f64", "gpu-vs-cpu", "notes", "status");
-  for (const FlashCase& c : flash_cases()) guarded("flash", c.name, [&] { run_flash_case(c); });
+  for (const FlashCase& c : flash_cases()) {
+    if (!selected(c.name)) continue;
+    guarded("flash", c.name, [&] { run_flash_case(c); });
+  }
+  if (!only_flash.empty()) {
+    std::printf("kernels_check: %d checks (flash cases matching \"%s\"), %d failed\n", checks, only_flash.c_str(),
+                failures);
+    return failures ? 1 : have_gpu ? 0 : 77;
+  }
   for (const RotaryCase& c : rotary_cases()) guarded("rotary", c.name, [&] { run_rotary_case(c); });
   guarded("rotary", "position check", [] { run_rotary_position_check(); });
   for (FloatKind kind : {FloatKind::kFloat32, FloatKind::kFloat16, FloatKind::kBFloat16}) {
