@@ -219,7 +219,9 @@ struct QueryBlock {
   int warp, lane, g, t;  // lane = 4 g + t
   int64_t b, h, kvh, m0, q_rs, k_rs, shift;
   int n_tiles;
+  float scale2;  // softmax scale * log2(e): scores in base 2
   Sequence s;
+  Dropout drop;
 };
 
 template <int D>
@@ -232,6 +234,8 @@ PE_TC_DEVICE QueryBlock query_block(const Problem& p, int rows) {
   qb.s = sequence_of(p, qb.b);
   qb.shift = causal_shift(p, qb.s.lq, qb.s.lk);
   qb.n_tiles = static_cast<int>((key_end(p, qb.s, qb.m0, rows) + kTile - 1) / kTile);
+  qb.scale2 = p.scale * kLog2e;
+  qb.drop = dropout_of(p, qb.b, qb.h);
   return qb;
 }
 
@@ -292,9 +296,9 @@ PE_TC_KERNEL void forward_kernel(Problem p, const uint16_t* q, const uint16_t* k
   const Sequence& s = qb.s;
   const int64_t m0 = qb.m0, h = qb.h, q_rs = qb.q_rs, shift = qb.shift;
   const int warp = qb.warp, lane = qb.lane, g = qb.g, t = qb.t, n_tiles = qb.n_tiles;
+  const float scale2 = qb.scale2;
+  const Dropout& drop = qb.drop;
   if (m0 >= s.lq) return;
-  const float scale2 = p.scale * kLog2e;
-  const Dropout drop = dropout_of(p, qb.b, h);
   uint16_t* q_tile = reinterpret_cast<uint16_t*>(dynamic_smem());
   const KvRing<D> ring = kv_ring<D>(q_tile + kForwardRows * S, qb, k, v);
   load_tile<D, kForwardRows>(q_tile, q + (s.q0 + m0) * q_rs + h * D, q_rs, s.lq - m0);
@@ -418,9 +422,9 @@ PE_TC_KERNEL void dq_kernel(Problem p, const uint16_t* q, const uint16_t* k, con
   const Sequence& s = qb.s;
   const int64_t m0 = qb.m0, h = qb.h, q_rs = qb.q_rs, shift = qb.shift;
   const int warp = qb.warp, lane = qb.lane, g = qb.g, t = qb.t, n_tiles = qb.n_tiles;
+  const float scale2 = qb.scale2;
+  const Dropout& drop = qb.drop;
   if (m0 >= s.lq) return;
-  const float scale2 = p.scale * kLog2e;
-  const Dropout drop = dropout_of(p, qb.b, h);
   uint16_t* q_tile = reinterpret_cast<uint16_t*>(dynamic_smem());
   uint16_t* do_tile = q_tile + kBlockRows * S;
   const KvRing<D> ring = kv_ring<D>(do_tile + kBlockRows * S, qb, k, v);
