@@ -2,7 +2,8 @@
 (libpaddle_ext_gpu_kernels.so, through ctypes on PyTorch's tensors and stream)
 against PyTorch's scaled_dot_product_attention on its flash backend, measured
 in the same run, bf16, B=4 H=16 D=128, S in {1024, 4096, 8192}, causal and not.
-Prints forward and forward+backward times, TFLOP/s beside the card's dense
+Prints forward and forward+backward times (the backward both ways of
+computing dQ: atomics, the default, and the deterministic recomputation), TFLOP/s beside the card's dense
 bf16 peak (~790 TFLOP/s measured on this workplace's H200) and the speed ratio
 against PyTorch; the issue's goal for S >= 4096 is forward >= 0.5x and
 forward+backward >= 0.4x (printed, not enforced: a goal, not a check).
@@ -23,12 +24,13 @@ on machines without a GPU.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import math
 import os
 import sys
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.flash_attn_cpu import attention_flops  # noqa: E402
@@ -125,6 +127,21 @@ def median_ms(torch: Any, fn: Callable[[], None], budget_s: float, max_reps: int
     return times[len(times) // 2], reps
 
 
+@contextlib.contextmanager
+def deterministic_dq() -> Iterator[None]:
+    """PADDLE_EXT_FLASH_ATTN_GPU_KERNEL=deterministic while inside (the library reads it at each call)."""
+    name = "PADDLE_EXT_FLASH_ATTN_GPU_KERNEL"
+    before = os.environ.get(name)
+    os.environ[name] = "deterministic"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
+
+
 class Case:
     """One (S, causal) problem's tensors and both implementations' calls."""
 
@@ -153,6 +170,11 @@ class Case:
                                        self.dv, self.ws)]
         self.kernels.backward(self.args, ptrs, self.stream())
 
+    def ours_forward_backward_deterministic(self) -> None:
+        """The same with dQ by the recomputing kernel instead of atomics (flash_attn_tc.h)."""
+        with deterministic_dq():
+            self.ours_forward_backward()
+
     def sdpa(self, backend: Any, grad: bool) -> None:
         """PyTorch's attention on [B, H, S, D] views of the same tensors (no copy)."""
         from torch.nn.attention import sdpa_kernel
@@ -180,11 +202,11 @@ def rel(a: Any, ref: Any) -> float:
     return float((a - ref).norm() / ref.norm().clamp_min(1e-300))
 
 
-def check_against_torch(torch: Any, case: Case) -> tuple[float, bool]:
+def check_against_torch(torch: Any, case: Case, deterministic: bool) -> tuple[float, bool]:
     """out, dq, dk, dv of the kernels against PyTorch's float64 math on the same bf16 inputs."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    case.ours_forward_backward()
+    (case.ours_forward_backward_deterministic if deterministic else case.ours_forward_backward)()
     q, k, v = (t.detach().transpose(1, 2).double().requires_grad_(True) for t in (case.q, case.k, case.v))
     with sdpa_kernel([SDPBackend.MATH]):
         ref = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=case.causal)
@@ -224,12 +246,13 @@ def main() -> int:
     failed = 0
     for causal in (False, True):
         case = Case(torch, kernels, b, h, min(sizes), d, causal)
-        err, ok = check_against_torch(torch, case)
-        failed += not ok
-        print(f"check S={min(sizes)} causal={causal}: kernels' out/dq/dk/dv against torch float64 math: "
-              f"{err:.1e} {'ok' if ok else 'FAIL'}")
+        for deterministic in (False, True):
+            err, ok = check_against_torch(torch, case, deterministic)
+            failed += not ok
+            print(f"check S={min(sizes)} causal={causal} dQ by {'recompute' if deterministic else 'atomics'}: "
+                  f"kernels' out/dq/dk/dv against torch float64 math: {err:.1e} {'ok' if ok else 'FAIL'}")
         del case
-    header = (f"{'S':>5} {'causal':>6} {'what':>7} {'ours ms':>10} {'TFLOP/s':>8} {'%peak':>6} {'sdpa ms':>9} "
+    header = (f"{'S':>5} {'causal':>6} {'what':>8} {'ours ms':>10} {'TFLOP/s':>8} {'%peak':>6} {'sdpa ms':>9} "
               f"{'TFLOP/s':>8} {'%peak':>6} {'ours/sdpa':>9} {'goal':>5}")
     lines = [header]
     deadline = time.perf_counter() + args.budget_s
@@ -239,13 +262,14 @@ def main() -> int:
             case = Case(torch, kernels, b, h, s, d, causal)
             for name, ours, theirs, backward, goal in (
                     ("fwd", case.ours_forward, case.torch_forward, False, 0.5),
-                    ("fwd+bwd", case.ours_forward_backward, case.torch_forward_backward, True, 0.4)):
+                    ("fwd+bwd", case.ours_forward_backward, case.torch_forward_backward, True, 0.4),
+                    ("+bwd det", case.ours_forward_backward_deterministic, case.torch_forward_backward, True, 0.4)):
                 flops = attention_flops(s, b * h, d, causal, backward)  # flash-attention's own count
                 t_sdpa, _ = median_ms(torch, theirs, 2.0)
                 left = deadline - time.perf_counter()
                 guess = estimate.get((causal, name), 0.0) * (s / min(sizes)) ** 2
                 if guess * 3 > left:
-                    lines.append(f"{s:>5} {str(causal):>6} {name:>7} {'skipped':>10} (one call ~{guess:.0f} s, "
+                    lines.append(f"{s:>5} {str(causal):>6} {name:>8} {'skipped':>10} (one call ~{guess:.0f} s, "
                                  f"{left:.0f} s of the budget left) {'':>9} sdpa {t_sdpa:.2f} ms")
                     continue
                 t_ours, _ = median_ms(torch, ours, min(10.0, left / 8))
@@ -254,7 +278,7 @@ def main() -> int:
                 tf_ours, tf_sdpa = flops / t_ours / 1e9, flops / t_sdpa / 1e9
                 ratio = t_sdpa / t_ours
                 meets = "-" if s < 4096 else ("meets" if ratio >= goal else "MISS")
-                lines.append(f"{s:>5} {str(causal):>6} {name:>7} {t_ours:>10.2f} {tf_ours:>8.1f} "
+                lines.append(f"{s:>5} {str(causal):>6} {name:>8} {t_ours:>10.2f} {tf_ours:>8.1f} "
                              f"{100 * tf_ours / PEAK_TFLOPS:>5.1f}% {t_sdpa:>9.2f} {tf_sdpa:>8.1f} "
                              f"{100 * tf_sdpa / PEAK_TFLOPS:>5.1f}% {ratio:>8.3f}x {meets:>5}")
                 print(lines[-1], flush=True)
@@ -262,7 +286,8 @@ def main() -> int:
             torch.cuda.empty_cache()
     print("\n".join(lines))
     print(f"goal (S >= 4096): forward >= 0.5x, forward+backward >= 0.4x PyTorch's flash SDPA; 'MISS' is reported, "
-          f"not failed. {failed} check(s) failed")
+          f"not failed. fwd+bwd: dQ by atomics (the default); '+bwd det': forward + backward with dQ by the "
+          f"deterministic recomputing kernel. {failed} check(s) failed")
     return 1 if failed else 0
 
 

@@ -2,6 +2,11 @@
 // emulator's primitives first, then the kernels exactly as nvcc compiles them.
 #include "flash_attn_tc_emulated.h"
 
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
 #include "warp_emulator.h"
 // (after the emulator, which defines the primitives the kernels call)
 #include "gpu/flash_attn_tc_kernels.cuh"
@@ -31,8 +36,11 @@ void tc_emulated_forward(const paddle_ext::flash_attn::Problem& p, const void* q
 
 void tc_emulated_backward(const paddle_ext::flash_attn::Problem& p, const void* q, const void* k, const void* v,
                           const void* out, const void* dout, const float* lse, void* dq, void* dk, void* dv,
-                          float* workspace) {
-  tc::run_backward(p, q, k, v, out, dout, lse, dq, dk, dv, workspace, EmulatedLauncher{});
+                          bool deterministic) {
+  const tc::DqMode mode = deterministic ? tc::DqMode::kDeterministic : tc::DqMode::kAtomic;
+  std::vector<float> workspace(static_cast<size_t>(std::max<int64_t>(1, tc::backward_workspace_floats(p, mode))),
+                               NAN);
+  tc::run_backward(p, q, k, v, out, dout, lse, dq, dk, dv, workspace.data(), mode, EmulatedLauncher{});
 }
 
 }  // namespace gpu_check

@@ -14,9 +14,10 @@ bool tc_kernels_take(const paddle_ext::flash_attn::Problem& p);
 void tc_emulated_forward(const paddle_ext::flash_attn::Problem& p, const void* q, const void* k, const void* v,
                          void* out, float* lse);
 
-// `workspace`: heads_q * total_q floats.
+// deterministic: dQ by the recomputing kernel, else by atomics (the default on
+// a GPU). The workspace is the function's own, NaN-filled first.
 void tc_emulated_backward(const paddle_ext::flash_attn::Problem& p, const void* q, const void* k, const void* v,
                           const void* out, const void* dout, const float* lse, void* dq, void* dk, void* dv,
-                          float* workspace);
+                          bool deterministic);
 
 }  // namespace gpu_check

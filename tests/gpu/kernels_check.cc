@@ -277,7 +277,9 @@ FlashShape varlen(FlashShape s, const std::vector<int32_t>& lq, const std::vecto
 
 // The tensor-core kernels (the code a CUDA sm_80+ GPU runs for bf16 / fp16 at
 // head dims 32-128) under the CPU warp emulator, every output poisoned first:
-// against the CPU kernels (the pass criterion) and the float64 reference.
+// against the CPU kernels (the pass criterion) and the float64 reference. One
+// forward; the backward with each way of computing dQ (rows flash-tc: atomics,
+// the GPU's default; flash-tc-det: the deterministic recomputing kernel).
 void run_flash_tc_emulated(const FlashCase& c, const std::vector<char>& qb, const std::vector<char>& kb,
                            const std::vector<char>& vb, const std::vector<char>& db, const FlashOutputs& cpu,
                            const FlashReference& r) {
@@ -287,27 +289,32 @@ void run_flash_tc_emulated(const FlashCase& c, const std::vector<char>& qb, cons
   const int64_t es = element_bytes(s.kind);
   FlashOutputs e;
   e.out.assign(s.q_elems() * es, static_cast<char>(0xFF));
-  e.dq.assign(s.q_elems() * es, static_cast<char>(0xFF));
-  e.dk.assign(s.k_elems() * es, static_cast<char>(0xFF));
-  e.dv.assign(s.k_elems() * es, static_cast<char>(0xFF));
   e.lse.assign(s.lse_elems(), NAN);
-  std::vector<float> workspace(static_cast<size_t>(std::max<int64_t>(1, s.lse_elems())), NAN);
-  const auto t0 = std::chrono::steady_clock::now();
-  tc_emulated_forward(p, qb.data(), kb.data(), vb.data(), e.out.data(), e.lse.data());
-  tc_emulated_backward(p, qb.data(), kb.data(), vb.data(), e.out.data(), db.data(), e.lse.data(), e.dq.data(),
-                       e.dk.data(), e.dv.data(), workspace.data());
-  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   auto as_double = [&](const std::vector<char>& b) {
     const std::vector<float> f = to_floats(b, s.kind);
     return std::vector<double>(f.begin(), f.end());
   };
   const std::vector<double> cpu_lse(cpu.lse.begin(), cpu.lse.end());
-  const double vs_cpu = flash_error(s, e, as_double(cpu.out), cpu_lse, as_double(cpu.dq), as_double(cpu.dk),
-                                    as_double(cpu.dv));
-  const double vs_f64 = flash_error(s, e, r.out, r.lse, r.dq, r.dk, r.dv);
-  char notes[96];
-  std::snprintf(notes, sizeof notes, "emulated tensor cores, vs f64 %s, %.1f s", fmt_error(vs_f64).c_str(), seconds);
-  result("flash-tc", c.name, NAN, vs_cpu, notes, vs_cpu < tolerance(s.kind) && vs_f64 < tolerance(s.kind));
+  const auto t0 = std::chrono::steady_clock::now();
+  tc_emulated_forward(p, qb.data(), kb.data(), vb.data(), e.out.data(), e.lse.data());
+  const double forward_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  for (const bool deterministic : {false, true}) {
+    e.dq.assign(s.q_elems() * es, static_cast<char>(0xFF));
+    e.dk.assign(s.k_elems() * es, static_cast<char>(0xFF));
+    e.dv.assign(s.k_elems() * es, static_cast<char>(0xFF));
+    const auto t1 = std::chrono::steady_clock::now();
+    tc_emulated_backward(p, qb.data(), kb.data(), vb.data(), e.out.data(), db.data(), e.lse.data(), e.dq.data(),
+                         e.dk.data(), e.dv.data(), deterministic);
+    const double seconds = forward_s + std::chrono::duration<double>(std::chrono::steady_clock::now() - t1).count();
+    const double vs_cpu = flash_error(s, e, as_double(cpu.out), cpu_lse, as_double(cpu.dq), as_double(cpu.dk),
+                                      as_double(cpu.dv));
+    const double vs_f64 = flash_error(s, e, r.out, r.lse, r.dq, r.dk, r.dv);
+    char notes[112];
+    std::snprintf(notes, sizeof notes, "emulated tensor cores, dQ by %s, vs f64 %s, %.1f s",
+                  deterministic ? "recompute" : "atomics", fmt_error(vs_f64).c_str(), seconds);
+    result(deterministic ? "flash-tc-det" : "flash-tc", c.name, NAN, vs_cpu, notes,
+           vs_cpu < tolerance(s.kind) && vs_f64 < tolerance(s.kind));
+  }
 }
 
 void run_flash_case(const FlashCase& c) {
@@ -376,12 +383,25 @@ void run_flash_case(const FlashCase& c) {
     notes += b;
     // Replay: the same inputs, seed and offset give the same bytes (mask
     // included); another offset gives another mask.
+    // The tensor-core kernels' default dQ sums by atomics, in no fixed order: its
+    // replay is checked bitwise under their deterministic mode below.
+    const bool tc = tc_kernels_take(make_problem(s, nullptr, nullptr));
     const FlashOutputs again = flash_gpu(s, s.offset, q, k, v, dout, cu_q, cu_k);
-    const bool replay = again.out == g.out && again.sm == g.sm && again.dq == g.dq && again.dk == g.dk && again.dv == g.dv;
+    const bool replay = again.out == g.out && again.sm == g.sm && (tc || again.dq == g.dq) && again.dk == g.dk &&
+                        again.dv == g.dv;
     ok &= replay;
-    notes += replay ? ", replay same" : ", REPLAY DIFFERS";
-    if (tc_kernels_take(make_problem(s, nullptr, nullptr))) {
-      // The call went to the tensor-core kernels: the simple ones, forced, too.
+    notes += replay ? (tc ? ", replay same (dQ: below)" : ", replay same") : ", REPLAY DIFFERS";
+    if (tc) {
+      // The call went to the tensor-core kernels: their deterministic dQ (twice,
+      // bitwise) and the simple kernels, forced, too.
+      setenv("PADDLE_EXT_FLASH_ATTN_GPU_KERNEL", "deterministic", 1);
+      const FlashOutputs det = flash_gpu(s, s.offset, q, k, v, dout, cu_q, cu_k);
+      const FlashOutputs det2 = flash_gpu(s, s.offset, q, k, v, dout, cu_q, cu_k);
+      const double de = flash_error(s, det, as_double(cpu.out), cpu_lse, as_double(cpu.dq), as_double(cpu.dk),
+                                    as_double(cpu.dv));
+      const bool same = det.out == det2.out && det.dq == det2.dq && det.dk == det2.dk && det.dv == det2.dv;
+      ok &= de < tol && same;
+      notes += ", deterministic " + fmt_error(de) + (same ? " replay same" : " REPLAY DIFFERS");
       setenv("PADDLE_EXT_FLASH_ATTN_GPU_KERNEL", "simple", 1);
       const FlashOutputs simple = flash_gpu(s, s.offset, q, k, v, dout, cu_q, cu_k);
       unsetenv("PADDLE_EXT_FLASH_ATTN_GPU_KERNEL");

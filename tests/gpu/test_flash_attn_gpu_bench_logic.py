@@ -42,11 +42,23 @@ def test_a_mismatch_fails_and_every_size_is_timed(bench, monkeypatch, capsys):
     torch.cuda.Event.return_value.elapsed_time.return_value = 2.0  # ms
     assert run(module, monkeypatch) == 1
     out = capsys.readouterr().out
-    assert out.count("against torch float64 math: 1.0e+00 FAIL") == 2  # causal and not
+    assert out.count("against torch float64 math: 1.0e+00 FAIL") == 4  # causal and not, dQ both ways
     table = out[out.rindex("    S causal"):]
-    # 3 sizes x causal/not x fwd, fwd+bwd; S >= 4096 judged against the goal
-    assert len([ln for ln in table.splitlines() if ln.strip()[:1].isdigit()]) == 12
-    assert table.count("meets") == 8 and "skipped" not in table
+    # 3 sizes x causal/not x fwd, fwd+bwd, +bwd det; S >= 4096 judged against the goal
+    assert len([ln for ln in table.splitlines() if ln.strip()[:1].isdigit()]) == 18
+    assert table.count("meets") == 12 and "skipped" not in table
+
+
+def test_the_deterministic_rows_run_the_backward_under_the_kernel_choice_and_restore_it(bench, monkeypatch, capsys):
+    module, torch = bench
+    torch.cuda.Event.return_value.elapsed_time.return_value = 2.0
+    monkeypatch.delenv("PADDLE_EXT_FLASH_ATTN_GPU_KERNEL", raising=False)
+    seen = []
+    module.Kernels.return_value.backward.side_effect = (
+        lambda *a: seen.append(os.environ.get("PADDLE_EXT_FLASH_ATTN_GPU_KERNEL")))
+    run(module, monkeypatch, "--sizes", "1024")
+    assert set(seen) == {None, "deterministic"}
+    assert "PADDLE_EXT_FLASH_ATTN_GPU_KERNEL" not in os.environ
 
 
 def test_sizes_that_would_not_fit_the_budget_are_skipped(bench, monkeypatch, capsys):
@@ -56,4 +68,4 @@ def test_sizes_that_would_not_fit_the_budget_are_skipped(bench, monkeypatch, cap
     torch.cuda.Event.return_value.elapsed_time.return_value = 50.0
     run(module, monkeypatch, "--budget-s", "1")
     out = capsys.readouterr().out
-    assert "8192  False     fwd    skipped (one call ~" in out
+    assert "8192  False      fwd    skipped (one call ~" in out

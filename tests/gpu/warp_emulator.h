@@ -15,7 +15,8 @@
 // ldmatrix / cp.async addresses that are not 16-byte aligned or leave the
 // block's dynamic shared memory, and it makes missing cp.async waits show:
 // a copy lands only when a cp_async_wait covers its group, and shared memory
-// starts as NaN (0xFF bytes) in every block.
+// starts as NaN (0xFF bytes) in every block; and shared-memory races between
+// warps (a missing block barrier; see Shadow).
 //
 // Semantics are the PTX ISA's (see the layouts in gpu/warp_mma.cuh); products
 // are summed in float in k order, where the hardware's order is unspecified.
@@ -37,6 +38,7 @@
 #define PE_TC_DEVICE inline
 #define PE_TC_KERNEL
 #define PE_TC_UNROLL
+#define PE_TC_TARGET on_cpu_emulator  // the kernels' inline namespace (gpu/flash_attn_tc_kernels.cuh)
 
 namespace paddle_ext::flash_attn::tc {
 
@@ -76,10 +78,25 @@ struct Slots {
   int64_t checked = -1;  // the warp op index the first lane resumed has checked (and computed)
 };
 
+// What a 4-byte word of shared memory last saw, for the hazard check: a
+// barrier epoch is the number of block barriers a thread has passed, and two
+// warps' accesses in one epoch are unordered. A read of a word another warp
+// wrote (or has a cp.async in flight to) in the same epoch, a write of a word
+// another warp read or wrote in it, and a cp.async issued over such a read are
+// races (compute-sanitizer's racecheck on a GPU). Tracked: ldmatrix reads,
+// cp.async writes (issued, then landed at the wait), st_shared_u32; plain C++
+// loads and stores of shared memory are not.
+struct Shadow {
+  int64_t write_epoch = -1, read_epoch = -1;
+  int8_t write_warp = -1, pending_warp = -1;
+  uint8_t read_warps = 0;  // warps that read it in read_epoch
+};
+
 struct Block {
   int threads = 0;
   int64_t x = 0, y = 0, z = 0;
   std::vector<char> smem;
+  std::vector<Shadow> shadow;  // one per 4-byte word of smem
   Lane lanes[kMaxThreads];
   Slots slots[kMaxThreads / 32][2];
   ucontext_t scheduler;
@@ -135,8 +152,41 @@ inline void check_smem(const void* p, int thread, const char* what) {
   if ((c - smem.data()) % 16 != 0) fail(what, thread);
 }
 
+inline void race(const char* what) { fail(what, block()->current); }
+
+inline Shadow* shadow_of(const void* p) {
+  return &block()->shadow[static_cast<size_t>(static_cast<const char*>(p) - block()->smem.data()) / 4];
+}
+
+// Before this thread reads / writes `bytes` of shared memory at p.
+inline void note_read(const void* p, int bytes) {
+  const int warp = warp_id();
+  const int64_t epoch = me().barriers;
+  Shadow* w = shadow_of(p);
+  for (int i = 0; i < bytes / 4; ++i, ++w) {
+    if (w->write_epoch == epoch && w->write_warp != warp) race("shared-memory race: read of another warp's write with no barrier between");
+    if (w->pending_warp >= 0 && w->pending_warp != warp) race("shared-memory race: read of a word another warp's cp.async is still writing");
+    if (w->read_epoch != epoch) w->read_epoch = epoch, w->read_warps = 0;
+    w->read_warps |= static_cast<uint8_t>(1u << warp);
+  }
+}
+inline void check_unread(Shadow* w, int warp, int64_t epoch) {
+  if (w->read_epoch == epoch && (w->read_warps & ~(1u << warp)) != 0) race("shared-memory race: write over another warp's read with no barrier between");
+}
+inline void note_write(const void* p, int bytes) {
+  const int warp = warp_id();
+  const int64_t epoch = me().barriers;
+  Shadow* w = shadow_of(p);
+  for (int i = 0; i < bytes / 4; ++i, ++w) {
+    check_unread(w, warp, epoch);
+    if (w->write_epoch == epoch && w->write_warp != warp) race("shared-memory race: two warps write one word with no barrier between");
+    w->write_epoch = epoch, w->write_warp = static_cast<int8_t>(warp), w->pending_warp = -1;
+  }
+}
+
 inline void run_copies(std::vector<Copy>& group) {
   for (const Copy& c : group) {
+    note_write(c.dst, 16);
     if (c.valid) {
       std::memcpy(c.dst, c.src, 16);
     } else {
@@ -214,6 +264,9 @@ inline float shfl_xor(float v, int mask) {
   return bits_to_float(s.in[lane ^ mask][0]);
 }
 
+// The lanes run one at a time, switching only at collectives: a plain add is atomic.
+inline void atomic_add(float* p, float v) { *p += v; }
+
 template <bool kBf16>
 inline void mma_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {
   uint32_t in[10] = {a[0], a[1], a[2], a[3], b0, b1};
@@ -264,6 +317,7 @@ namespace emu {
 inline void ldmatrix(uint32_t r[4], const void* row, bool trans) {
   const int lane = lane_id();
   check_smem(row, block()->current, "ldmatrix row address unaligned or outside shared memory");
+  note_read(row, 16);
   Slots& s = arrive(trans ? 5 : 4, nullptr, 0, row);
   const int g = lane / 4, t = lane % 4;
   for (int i = 0; i < 4; ++i) {
@@ -287,7 +341,22 @@ inline void ldmatrix_x4_trans(uint32_t r[4], const void* row) { emu::ldmatrix(r,
 inline void cp_async_16(void* dst, const void* src, bool valid) {
   emu::check_smem(dst, thread_rank(), "cp.async destination unaligned or outside shared memory");
   if (valid && reinterpret_cast<uintptr_t>(src) % 16 != 0) emu::fail("cp.async source not 16-byte aligned", thread_rank());
+  emu::Shadow* w = emu::shadow_of(dst);
+  for (int i = 0; i < 4; ++i, ++w) {
+    emu::check_unread(w, emu::warp_id(), emu::me().barriers);
+    w->pending_warp = static_cast<int8_t>(emu::warp_id());
+  }
   emu::me().open.push_back({dst, src, valid});
+}
+
+inline void st_shared_u32(void* p, uint32_t v) {
+  const char* c = static_cast<const char*>(p);
+  const std::vector<char>& smem = emu::block()->smem;
+  if (c < smem.data() || c + 4 > smem.data() + smem.size() || (c - smem.data()) % 4 != 0) {
+    emu::fail("shared store unaligned or outside shared memory", thread_rank());
+  }
+  emu::note_write(p, 4);
+  std::memcpy(p, &v, 4);
 }
 
 inline void cp_async_commit() {
@@ -325,6 +394,7 @@ void launch(int64_t gx, int64_t gy, int64_t gz, int threads, int smem_bytes, Ker
         b->threads = threads;
         b->x = x, b->y = y, b->z = z;
         b->smem.assign(static_cast<size_t>(smem_bytes) + 16, static_cast<char>(0xFF));
+        b->shadow.assign(b->smem.size() / 4, Shadow{});
         block() = b.get();
         for (int i = 0; i < threads; ++i) {
           ucontext_t& c = b->lanes[i].context;

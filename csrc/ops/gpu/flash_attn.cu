@@ -327,7 +327,11 @@ void softmax_gpu(const Problem& p, const void* q, const void* k, const float* ls
 }
 
 int64_t backward_gpu_workspace_bytes(const Problem& p) {
-  return std::max<int64_t>(1, p.heads_q * p.total_q) * static_cast<int64_t>(sizeof(float));
+  const int64_t simple = std::max<int64_t>(1, p.heads_q * p.total_q) * static_cast<int64_t>(sizeof(float));
+#if defined(PADDLE_EXT_GPU_CUDA)
+  return std::max(simple, tc::backward_workspace_bytes(p));  // whether they take it is known at the call
+#endif
+  return simple;
 }
 
 void backward_gpu(const Problem& p, const void* q, const void* k, const void* v, const void* out,

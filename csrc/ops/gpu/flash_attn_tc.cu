@@ -39,9 +39,20 @@ const DeviceInfo& device_info(int device) {
   return d;
 }
 
-bool forced_simple() {
-  const char* choice = std::getenv("PADDLE_EXT_FLASH_ATTN_GPU_KERNEL");
-  return choice != nullptr && std::strcmp(choice, "simple") == 0;
+bool env_is(const char* name, std::initializer_list<const char*> values) {
+  const char* value = std::getenv(name);
+  if (value == nullptr) return false;
+  for (const char* v : values)
+    if (std::strcmp(value, v) == 0) return true;
+  return false;
+}
+
+bool forced_simple() { return env_is("PADDLE_EXT_FLASH_ATTN_GPU_KERNEL", {"simple"}); }
+
+DqMode dq_mode() {
+  const bool deterministic = env_is("PADDLE_EXT_FLASH_ATTN_GPU_KERNEL", {"deterministic"}) ||
+                             env_is("FLAGS_cudnn_deterministic", {"1", "true", "True", "TRUE"});
+  return deterministic ? DqMode::kDeterministic : DqMode::kAtomic;
 }
 
 // Launches on `stream`, raising the kernel's dynamic shared memory limit first.
@@ -77,9 +88,15 @@ void forward(const Problem& p, const void* q, const void* k, const void* v, void
   run_forward(p, q, k, v, out, lse, Launcher{static_cast<cudaStream_t>(stream)});
 }
 
+int64_t backward_workspace_bytes(const Problem& p) {
+  if (p.kind == FloatKind::kFloat32 || smem_bytes_needed(p.head_dim) == 0) return 0;
+  return backward_workspace_floats(p, DqMode::kAtomic) * static_cast<int64_t>(sizeof(float));
+}
+
 void backward(const Problem& p, const void* q, const void* k, const void* v, const void* out, const void* dout,
               const float* lse, void* dq, void* dk, void* dv, void* workspace, void* stream) {
-  run_backward(p, q, k, v, out, dout, lse, dq, dk, dv, workspace, Launcher{static_cast<cudaStream_t>(stream)});
+  run_backward(p, q, k, v, out, dout, lse, dq, dk, dv, workspace, dq_mode(),
+               Launcher{static_cast<cudaStream_t>(stream)});
 }
 
 }  // namespace paddle_ext::flash_attn::tc

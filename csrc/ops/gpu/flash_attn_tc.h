@@ -2,6 +2,7 @@
 // which gpu/flash_attn.cu hands the calls it takes. No Paddle header.
 #pragma once
 
+#include <cstdint>
 #include <initializer_list>
 
 #include "flash_attn.h"
@@ -17,7 +18,14 @@ bool takes(const Problem& p, std::initializer_list<const void*> tensors);
 
 void forward(const Problem& p, const void* q, const void* k, const void* v, void* out, float* lse, void* stream);
 
-// `workspace`: heads_q * total_q floats.
+// Bytes of device memory backward's `workspace` needs (the float32 dQ
+// included, for the default DqMode::kAtomic); 0 for a call they never take.
+int64_t backward_workspace_bytes(const Problem& p);
+
+// dQ by atomics (FlashAttention-2's way; its last bits vary from run to run),
+// or, with PADDLE_EXT_FLASH_ATTN_GPU_KERNEL=deterministic or Paddle's
+// FLAGS_cudnn_deterministic set in the environment, by a second kernel that
+// recomputes S and dP (the same bits every run, 7 GEMMs a tile pair instead of 5).
 void backward(const Problem& p, const void* q, const void* k, const void* v, const void* out, const void* dout,
               const float* lse, void* dq, void* dk, void* dv, void* workspace, void* stream);
 

@@ -15,12 +15,18 @@
 //   forward: block = 128 queries of one (sequence, head); online softmax over
 //     key tiles of 64 in registers (each lane keeps four rows' max and partial
 //     sum, combined across the row's 4 lanes by shuffles).
-//   backward, in FlashAttention-2's order but without atomics, so that it is
-//     deterministic: rowdot_kernel D = rowsum(dO * O); dkdv_kernel: block =
-//     64 keys of one kv head, looping over the query tiles of every query
-//     head that shares it: S^T = K Q^T, P^T, dP^T = V dO^T, dS^T, then
-//     dV += (P^T o Z) dO and dK += dS^T Q; dq_kernel: block = 64 queries,
-//     looping over key tiles: S, P, dP = dO V^T, dS, dQ += dS K.
+//   backward, in FlashAttention-2's order: rowdot_kernel D = rowsum(dO * O);
+//     dkdv_kernel: block = 64 keys of one kv head, looping over the query
+//     tiles of every query head that shares it: S^T = K Q^T, P^T, dP^T =
+//     V dO^T, dS^T, then dV += (P^T o Z) dO and dK += dS^T Q. dQ one of two
+//     ways (DqMode):
+//     kAtomic (FlashAttention-2's): dkdv_kernel also puts dS^T in shared
+//       memory and adds dS K of its keys into a float32 dQ (atomics), which
+//       dq_convert_kernel rounds to the input type: 5 GEMMs per tile pair, the
+//       sum's order (hence dQ's last bits) varies from run to run;
+//     kDeterministic: dq_kernel, block = 64 queries, looping over key tiles:
+//       S, P, dP = dO V^T, dS, dQ += dS K, recomputed: 7 GEMMs per tile pair,
+//       no atomics, the same bits every run.
 #pragma once
 
 #include <cmath>
@@ -30,7 +36,17 @@
 
 #include "flash_attn.h"
 
+#if !defined(PE_TC_TARGET)
+#error "include gpu/warp_mma.cuh (CUDA) or tests/gpu/warp_emulator.h (CPU) first: they define the primitives"
+#endif
+
+// The kernels live in an inline namespace named after the primitives they were
+// compiled against (tc::on_cuda or tc::on_cpu_emulator): kernels_check links
+// both builds, and under one name a kernel that is not a template is defined
+// twice (nvcc's host stub and the emulator's function), while for templates
+// only the stubs' internal linkage would keep the two apart.
 namespace paddle_ext::flash_attn::tc {
+inline namespace PE_TC_TARGET {
 
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
@@ -58,6 +74,14 @@ template <int D>
 constexpr int kDkdvStageBytes = 2 * kTileBytes<D> + 2 * kTile * 4;  // Q, dO, lse, D of one query tile
 template <int D>
 constexpr int kDkdvSmemBytes = 2 * kBlockRows * kStride<D> * 2 + 2 * kDkdvStageBytes<D>;  // K, V, 2 query stages
+// kAtomic's dkdv_kernel adds dS^T of one query tile (keys x queries) after those.
+constexpr int kDsStride = kTile + 8;
+constexpr int kDsBytes = kBlockRows * kDsStride * 2;
+template <int D>
+constexpr int kDkdvAtomicSmemBytes = kDkdvSmemBytes<D> + kDsBytes;
+
+// How the backward computes dQ (see the top of this file).
+enum class DqMode { kAtomic, kDeterministic };
 
 PADDLE_EXT_HOST_DEVICE inline int64_t blocks_of(int64_t rows, int per_block) {
   return (rows + per_block - 1) / per_block;
@@ -90,6 +114,12 @@ PE_TC_DEVICE void load_tile(uint16_t* tile, const uint16_t* src, int64_t row_str
 template <int S>
 PE_TC_DEVICE void load_a(uint32_t a[4], const uint16_t* tile, int r0, int ks, int lane) {
   ldmatrix_x4(a, tile + (r0 + lane % 16) * S + ks * 16 + (lane / 16) * 8);
+}
+// The A operand of rows r0..r0+15, k-step ks, from a tile that stores A
+// transposed (A[r][k] = tile[k][r]): dS from dS^T.
+template <int S>
+PE_TC_DEVICE void load_a_trans(uint32_t a[4], const uint16_t* tile, int r0, int ks, int lane) {
+  ldmatrix_x4_trans(a, tile + (ks * 16 + (lane / 16) * 8 + lane % 8) * S + r0 + ((lane / 8) % 2) * 8);
 }
 // The B operand of two n-tiles n0..n0+15 stored as rows (B[k][n] = tile[n][k]),
 // k-step ks: b[0], b[1] for n-tile n0, b[2], b[3] for n0 + 8.
@@ -486,9 +516,58 @@ PE_TC_UNROLL
   store_rows<kBf16, DT>(dqa[0], dq + qoff + r0 * q_rs, q_rs, g, t, s.lq - m0 - r0, 1.f, 1.f);
 }
 
+// kAtomic's dQ of one query tile: dq (float32 rows at dq + r * row_stride,
+// rows < valid_rows) += dS K, dS (queries x this block's 64 keys) read from
+// ds_tile, which holds it transposed; the warp's 16 queries, D in chunks of
+// 64 columns (fewer live accumulators beside dK's and dV's).
 template <int D, bool kBf16>
+PE_TC_DEVICE void add_dq(const uint16_t* ds_tile, const uint16_t* k_tile, float* dq, int64_t row_stride,
+                         int64_t valid_rows, int warp, int lane) {
+  constexpr int S = kStride<D>, KK = kBlockRows / 16, kChunks = D > 64 ? 2 : 1, CT = D / 8 / kChunks;
+  const int g = lane / 4, t = lane % 4;
+  uint32_t dsa[1][KK][4];
+PE_TC_UNROLL
+  for (int kk = 0; kk < KK; ++kk) load_a_trans<kDsStride>(dsa[0][kk], ds_tile, warp * 16, kk, lane);
+PE_TC_UNROLL
+  for (int c = 0; c < kChunks; ++c) {
+    float acc[1][CT][4];
+    zero<CT>(acc[0]);
+    mma_cols<kBf16, KK, CT, S, 1>(acc, dsa, k_tile + c * (D / kChunks), lane);
+PE_TC_UNROLL
+    for (int half = 0; half < 2; ++half) {
+      const int r = warp * 16 + 8 * half + g;
+      if (r >= valid_rows) continue;
+      float* row = dq + r * row_stride + c * (D / kChunks) + 2 * t;
+PE_TC_UNROLL
+      for (int ct = 0; ct < CT; ++ct) {
+        atomic_add(row + ct * 8, acc[0][ct][2 * half]);
+        atomic_add(row + ct * 8 + 1, acc[0][ct][2 * half + 1]);
+      }
+    }
+  }
+}
+
+// kAtomic's dQ before and after dkdv_kernel: zeroed, then rounded to the input
+// type; n elements (a multiple of 4), 4 a thread.
+PE_TC_KERNEL void fill_zero_kernel(float* x, int64_t n) {
+  const int64_t i = (block_x() * kThreads + thread_rank()) * 4;
+  if (i < n) x[i] = x[i + 1] = x[i + 2] = x[i + 3] = 0.f;
+}
+
+template <bool kBf16>
+PE_TC_KERNEL void dq_convert_kernel(const float* accum, uint16_t* dq, int64_t n) {
+  const int64_t i = (block_x() * kThreads + thread_rank()) * 4;
+  if (i >= n) return;
+  uint32_t* out = reinterpret_cast<uint32_t*>(dq + i);
+  out[0] = pack2<kBf16>(accum[i], accum[i + 1]);
+  out[1] = pack2<kBf16>(accum[i + 2], accum[i + 3]);
+}
+
+// kAtomicDq: dq_accum (float32, dQ's layout, zeroed) += dS K of this block's keys.
+template <int D, bool kBf16, bool kAtomicDq>
 PE_TC_KERNEL void dkdv_kernel(Problem p, const uint16_t* q, const uint16_t* k, const uint16_t* v,
-                              const uint16_t* dout, const float* lse, const float* di, uint16_t* dk, uint16_t* dv) {
+                              const uint16_t* dout, const float* lse, const float* di, uint16_t* dk, uint16_t* dv,
+                              float* dq_accum) {
   constexpr int S = kStride<D>, KS = D / 16, NT = kTile / 8, DT = D / 8;
   const int tid = thread_rank(), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
   const int64_t b = block_z(), kvh = block_y(), n0 = block_x() * kBlockRows;
@@ -506,6 +585,7 @@ PE_TC_KERNEL void dkdv_kernel(Problem p, const uint16_t* q, const uint16_t* k, c
   uint16_t* k_tile = reinterpret_cast<uint16_t*>(dynamic_smem());
   uint16_t* v_tile = k_tile + kBlockRows * S;
   char* ring = reinterpret_cast<char*>(v_tile + kBlockRows * S);
+  uint16_t* ds_tile = reinterpret_cast<uint16_t*>(ring + 2 * kDkdvStageBytes<D>);  // kAtomicDq only
   // Stage st: Q tile, dO tile, then lse * log2(e) and D of its kTile queries.
   auto stage_q = [&](int j) { return reinterpret_cast<uint16_t*>(ring + (j % 2) * kDkdvStageBytes<D>); };
   auto stage_f = [&](int j) { return reinterpret_cast<float*>(stage_q(j) + 2 * kTile * S); };
@@ -568,11 +648,25 @@ PE_TC_UNROLL
         }
       }
     }
+    if constexpr (kAtomicDq) {  // dS^T, rounded as dK's operand is, for dQ below
+PE_TC_UNROLL
+      for (int half = 0; half < 2; ++half) {
+PE_TC_UNROLL
+        for (int nt = 0; nt < NT; ++nt) {
+          st_shared_u32(ds_tile + (warp * 16 + 8 * half + g) * kDsStride + nt * 8 + 2 * t,
+                        pack2<kBf16>(st[0][nt][2 * half], st[0][nt][2 * half + 1]));
+        }
+      }
+    }
     uint32_t fa[1][NT / 2][4];
     to_a<kBf16, NT>(fa[0], pz[0]);
     mma_cols<kBf16, NT / 2, DT, S, 1>(dva, fa, dot, lane);
     to_a<kBf16, NT>(fa[0], st[0]);
     mma_cols<kBf16, NT / 2, DT, S, 1>(dka, fa, qt, lane);
+    if constexpr (kAtomicDq) {
+      block_sync();  // every warp's rows of dS^T are in
+      add_dq<D, kBf16>(ds_tile, k_tile, dq_accum + (s.q0 + i0) * q_rs + h * D, q_rs, s.lq - i0, warp, lane);
+    }
     block_sync();
   }
   const int64_t r0 = warp * 16;
@@ -603,7 +697,7 @@ inline int smem_bytes_needed(int64_t head_dim) {
   int bytes = 0;
   with_head_dim(head_dim, [&](auto dim) {
     constexpr int D = decltype(dim)::value;
-    for (int b : {kForwardSmemBytes<D>, kDqSmemBytes<D>, kDkdvSmemBytes<D>}) bytes = b > bytes ? b : bytes;
+    for (int b : {kForwardSmemBytes<D>, kDqSmemBytes<D>, kDkdvAtomicSmemBytes<D>}) bytes = b > bytes ? b : bytes;
   });
   return bytes;
 }
@@ -628,10 +722,16 @@ void run_forward(const Problem& p, const void* q, const void* k, const void* v, 
   });
 }
 
-// `workspace`: heads_q * total_q floats (D = rowsum(dO * O)).
+// run_backward's workspace: D = rowsum(dO * O) (heads_q * total_q floats,
+// rounded up to 16 bytes), then, for kAtomic, the float32 dQ.
+inline int64_t rowdot_floats(const Problem& p) { return (p.heads_q * p.total_q + 3) / 4 * 4; }
+inline int64_t backward_workspace_floats(const Problem& p, DqMode mode) {
+  return rowdot_floats(p) + (mode == DqMode::kAtomic ? p.total_q * p.heads_q * p.head_dim : 0);
+}
+
 template <class Launch>
 void run_backward(const Problem& p, const void* q, const void* k, const void* v, const void* out, const void* dout,
-                  const float* lse, void* dq, void* dk, void* dv, void* workspace, Launch&& launch) {
+                  const float* lse, void* dq, void* dk, void* dv, void* workspace, DqMode mode, Launch&& launch) {
   const auto* qh = static_cast<const uint16_t*>(q);
   const auto* kh = static_cast<const uint16_t*>(k);
   const auto* vh = static_cast<const uint16_t*>(v);
@@ -641,7 +741,10 @@ void run_backward(const Problem& p, const void* q, const void* k, const void* v,
   auto* dkh = static_cast<uint16_t*>(dk);
   auto* dvh = static_cast<uint16_t*>(dv);
   float* di = static_cast<float*>(workspace);
+  float* dq_accum = mode == DqMode::kAtomic ? di + rowdot_floats(p) : nullptr;
+  const int64_t dq_elems = p.total_q * p.heads_q * p.head_dim;
   const Grid rows{(p.total_q * p.heads_q + kWarps - 1) / kWarps, 1, 1};
+  const Grid elems{blocks_of(dq_elems, 4 * kThreads), 1, 1};
   const Grid queries{blocks_of(p.seqlen_q, kBlockRows), p.heads_q, p.batch};
   const Grid keys{blocks_of(p.seqlen_k, kBlockRows), p.heads_k, p.batch};
   with_head_dim(p.head_dim, [&](auto dim) {
@@ -651,13 +754,29 @@ void run_backward(const Problem& p, const void* q, const void* k, const void* v,
       bf16 ? launch(rowdot_kernel<D, true>, rows, 0, p, oh, doh, di)
            : launch(rowdot_kernel<D, false>, rows, 0, p, oh, doh, di);
     }
-    bf16 ? launch(dq_kernel<D, true>, queries, kDqSmemBytes<D>, p, qh, kh, vh, doh, lse, di, dqh)
-         : launch(dq_kernel<D, false>, queries, kDqSmemBytes<D>, p, qh, kh, vh, doh, lse, di, dqh);
-    if (keys.x > 0) {
-      bf16 ? launch(dkdv_kernel<D, true>, keys, kDkdvSmemBytes<D>, p, qh, kh, vh, doh, lse, di, dkh, dvh)
-           : launch(dkdv_kernel<D, false>, keys, kDkdvSmemBytes<D>, p, qh, kh, vh, doh, lse, di, dkh, dvh);
+    if (dq_accum == nullptr) {
+      bf16 ? launch(dq_kernel<D, true>, queries, kDqSmemBytes<D>, p, qh, kh, vh, doh, lse, di, dqh)
+           : launch(dq_kernel<D, false>, queries, kDqSmemBytes<D>, p, qh, kh, vh, doh, lse, di, dqh);
+      if (keys.x > 0) {
+        bf16 ? launch(dkdv_kernel<D, true, false>, keys, kDkdvSmemBytes<D>, p, qh, kh, vh, doh, lse, di, dkh, dvh,
+                      dq_accum)
+             : launch(dkdv_kernel<D, false, false>, keys, kDkdvSmemBytes<D>, p, qh, kh, vh, doh, lse, di, dkh, dvh,
+                      dq_accum);
+      }
+      return;
     }
+    if (elems.x > 0) launch(fill_zero_kernel, elems, 0, dq_accum, dq_elems);
+    if (keys.x > 0) {
+      bf16 ? launch(dkdv_kernel<D, true, true>, keys, kDkdvAtomicSmemBytes<D>, p, qh, kh, vh, doh, lse, di, dkh,
+                    dvh, dq_accum)
+           : launch(dkdv_kernel<D, false, true>, keys, kDkdvAtomicSmemBytes<D>, p, qh, kh, vh, doh, lse, di, dkh,
+                    dvh, dq_accum);
+    }
+    if (elems.x == 0) return;
+    bf16 ? launch(dq_convert_kernel<true>, elems, 0, static_cast<const float*>(dq_accum), dqh, dq_elems)
+         : launch(dq_convert_kernel<false>, elems, 0, static_cast<const float*>(dq_accum), dqh, dq_elems);
   });
 }
 
+}  // namespace PE_TC_TARGET
 }  // namespace paddle_ext::flash_attn::tc

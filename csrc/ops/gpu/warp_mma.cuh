@@ -1,7 +1,8 @@
 // The warp-level primitives of the tensor-core flash-attention kernels
 // (gpu/flash_attn_tc_kernels.cuh), for CUDA sm_80 and newer: mma.sync
 // m16n8k16 (bf16 / fp16 in, fp32 accumulate), ldmatrix, cp.async with zero
-// fill, shuffles, the block barrier and the dynamic shared memory.
+// fill, shuffles, float atomics, the block barrier and the dynamic shared
+// memory.
 //
 // The kernels see nothing of CUDA but these names, so the same kernel source
 // also runs on a CPU under tests/gpu/warp_emulator.h, which implements every
@@ -27,6 +28,7 @@
 #define PE_TC_DEVICE __device__ __forceinline__
 #define PE_TC_KERNEL __global__ __launch_bounds__(128)
 #define PE_TC_UNROLL _Pragma("unroll")
+#define PE_TC_TARGET on_cuda  // the kernels' inline namespace (gpu/flash_attn_tc_kernels.cuh)
 
 namespace paddle_ext::flash_attn::tc {
 
@@ -43,6 +45,12 @@ PE_TC_DEVICE char* dynamic_smem() {
 PE_TC_DEVICE void block_sync() { __syncthreads(); }
 
 PE_TC_DEVICE float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask, 32); }
+
+// A 4-byte store to shared memory (a primitive so that the emulator sees it).
+PE_TC_DEVICE void st_shared_u32(void* p, uint32_t v) { *static_cast<uint32_t*>(p) = v; }
+
+// *p += v in global memory, atomically (its result unused: a red.global.add).
+PE_TC_DEVICE void atomic_add(float* p, float v) { atomicAdd(p, v); }
 
 // 2^x by the SFU (ex2.approx.ftz: relative error about 2^-22; 2^-inf = 0):
 // what flash-attention gets from --use_fast_math, here only where it is wanted.
