@@ -265,7 +265,11 @@ inline float shfl_xor(float v, int mask) {
 }
 
 // The lanes run one at a time, switching only at collectives: a plain add is atomic.
-inline void atomic_add(float* p, float v) { *p += v; }
+inline void atomic_add2(float* p, float a, float b) {
+  if (reinterpret_cast<uintptr_t>(p) % 8 != 0) emu::fail("atomic_add2 address not 8-byte aligned", thread_rank());
+  p[0] += a;
+  p[1] += b;
+}
 
 template <bool kBf16>
 inline void mma_16816(float d[4], const uint32_t a[4], uint32_t b0, uint32_t b1) {

@@ -348,6 +348,7 @@ inline void softmax_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, floa
   const Problem& p = ctx.p;
   const Sequence s = sequence_of(p, b);
   const int64_t D = p.head_dim, rows = std::min<int64_t>(kBlockQ, s.lq - i0);
+  const int64_t kvh = h / (p.heads_q / p.heads_k);
   const int64_t q_rs = p.heads_q * D;
   const float inf = std::numeric_limits<float>::infinity();
   float* qs = scratch;

@@ -345,7 +345,7 @@ void backward_gpu(const Problem& p, const void* q, const void* k, const void* v,
   }
   if (empty(p)) return;
 #if defined(PADDLE_EXT_GPU_CUDA)
-  if (tc::takes(p, {q, k, v, out, dout, dq, dk, dv})) {
+  if (tc::takes(p, {q, k, v, out, dout, dq, dk, dv, workspace})) {
     return tc::backward(p, q, k, v, out, dout, lse, dq, dk, dv, workspace, stream);
   }
 #endif

@@ -540,8 +540,7 @@ PE_TC_UNROLL
       float* row = dq + r * row_stride + c * (D / kChunks) + 2 * t;
 PE_TC_UNROLL
       for (int ct = 0; ct < CT; ++ct) {
-        atomic_add(row + ct * 8, acc[0][ct][2 * half]);
-        atomic_add(row + ct * 8 + 1, acc[0][ct][2 * half + 1]);
+        atomic_add2(row + ct * 8, acc[0][ct][2 * half], acc[0][ct][2 * half + 1]);
       }
     }
   }

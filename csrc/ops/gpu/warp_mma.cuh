@@ -49,8 +49,16 @@ PE_TC_DEVICE float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffff
 // A 4-byte store to shared memory (a primitive so that the emulator sees it).
 PE_TC_DEVICE void st_shared_u32(void* p, uint32_t v) { *static_cast<uint32_t*>(p) = v; }
 
-// *p += v in global memory, atomically (its result unused: a red.global.add).
-PE_TC_DEVICE void atomic_add(float* p, float v) { atomicAdd(p, v); }
+// p[0] += a, p[1] += b in global memory, atomically (results unused: red.global.add);
+// p 8-byte aligned. sm_90 has the two-float form, one instruction instead of two.
+PE_TC_DEVICE void atomic_add2(float* p, float a, float b) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  atomicAdd(reinterpret_cast<float2*>(p), make_float2(a, b));
+#else
+  atomicAdd(p, a);
+  atomicAdd(p + 1, b);
+#endif
+}
 
 // 2^x by the SFU (ex2.approx.ftz: relative error about 2^-22; 2^-inf = 0):
 // what flash-attention gets from --use_fast_math, here only where it is wanted.
