@@ -84,8 +84,8 @@ struct Slots {
 // wrote (or has a cp.async in flight to) in the same epoch, a write of a word
 // another warp read or wrote in it, and a cp.async issued over such a read are
 // races (compute-sanitizer's racecheck on a GPU). Tracked: ldmatrix reads,
-// cp.async writes (issued, then landed at the wait), st_shared_u32; plain C++
-// loads and stores of shared memory are not.
+// cp.async writes (issued, then landed at the wait), st_shared_u32 / _f32 and
+// ld_shared_f32: the kernels touch shared memory through nothing else.
 struct Shadow {
   int64_t write_epoch = -1, read_epoch = -1;
   int8_t write_warp = -1, pending_warp = -1;
@@ -353,14 +353,24 @@ inline void cp_async_16(void* dst, const void* src, bool valid) {
   emu::me().open.push_back({dst, src, valid});
 }
 
-inline void st_shared_u32(void* p, uint32_t v) {
+namespace emu {
+inline void check_smem4(const void* p, const char* what) {
   const char* c = static_cast<const char*>(p);
-  const std::vector<char>& smem = emu::block()->smem;
-  if (c < smem.data() || c + 4 > smem.data() + smem.size() || (c - smem.data()) % 4 != 0) {
-    emu::fail("shared store unaligned or outside shared memory", thread_rank());
-  }
+  const std::vector<char>& smem = block()->smem;
+  if (c < smem.data() || c + 4 > smem.data() + smem.size() || (c - smem.data()) % 4 != 0) fail(what, block()->current);
+}
+}  // namespace emu
+
+inline void st_shared_u32(void* p, uint32_t v) {
+  emu::check_smem4(p, "shared store unaligned or outside shared memory");
   emu::note_write(p, 4);
   std::memcpy(p, &v, 4);
+}
+inline void st_shared_f32(float* p, float v) { st_shared_u32(p, float_to_bits(v)); }
+inline float ld_shared_f32(const float* p) {
+  emu::check_smem4(p, "shared load unaligned or outside shared memory");
+  emu::note_read(p, 4);
+  return *p;
 }
 
 inline void cp_async_commit() {

@@ -597,8 +597,8 @@ PE_TC_KERNEL void dkdv_kernel(Problem p, const uint16_t* q, const uint16_t* k, c
     float* f = stage_f(j);
     for (int r = thread_rank(); r < kTile; r += kThreads) {
       const bool ok = i0 + r < s.lq;
-      f[r] = ok ? lse[lse_index(p, s, h, i0 + r)] * kLog2e : INFINITY;
-      f[kTile + r] = ok ? di[h * p.total_q + s.q0 + i0 + r] : 0.f;
+      st_shared_f32(f + r, ok ? lse[lse_index(p, s, h, i0 + r)] * kLog2e : INFINITY);
+      st_shared_f32(f + kTile + r, ok ? di[h * p.total_q + s.q0 + i0 + r] : 0.f);
     }
   };
   const int64_t koff = (s.k0 + n0) * k_rs + kvh * D;
@@ -640,10 +640,10 @@ PE_TC_UNROLL
           const int c = nt * 8 + 2 * t + e;
           const int64_t i = i0 + c;
           const bool ok = !masked || jkey <= i + shift;
-          const float pr = ok ? fast_exp2(st[0][nt][2 * half + e] * scale2 - lse_t[c]) : 0.f;
+          const float pr = ok ? fast_exp2(st[0][nt][2 * half + e] * scale2 - ld_shared_f32(lse_t + c)) : 0.f;
           const float z = p.dropout > 0.f && !keep_element(p.seed, drop.sub, drop.threshold, i, jkey) ? 0.f : drop.rkeep;
           pz[0][nt][2 * half + e] = pr * z;
-          st[0][nt][2 * half + e] = pr * (dpt[0][nt][2 * half + e] * z - di_t[c]) * p.scale;  // dS^T
+          st[0][nt][2 * half + e] = pr * (dpt[0][nt][2 * half + e] * z - ld_shared_f32(di_t + c)) * p.scale;  // dS^T
         }
       }
     }

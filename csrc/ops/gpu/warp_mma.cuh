@@ -46,8 +46,11 @@ PE_TC_DEVICE void block_sync() { __syncthreads(); }
 
 PE_TC_DEVICE float shfl_xor(float v, int mask) { return __shfl_xor_sync(0xffffffffu, v, mask, 32); }
 
-// A 4-byte store to shared memory (a primitive so that the emulator sees it).
+// 4-byte stores to / loads from shared memory that ldmatrix / cp.async do not
+// cover: primitives, so that the emulator's race check sees every shared access.
 PE_TC_DEVICE void st_shared_u32(void* p, uint32_t v) { *static_cast<uint32_t*>(p) = v; }
+PE_TC_DEVICE void st_shared_f32(float* p, float v) { *p = v; }
+PE_TC_DEVICE float ld_shared_f32(const float* p) { return *p; }
 
 // p[0] += a, p[1] += b in global memory, atomically (results unused: red.global.add);
 // p 8-byte aligned. sm_90 has the two-float form, one instruction instead of two.
