@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import heapq
 from bisect import insort
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Set, Tuple
 
 from paddle_ext.pipeline.schedule.flow import Payload, consumes, produces
 from paddle_ext.pipeline.schedule.ir import (
@@ -88,93 +88,97 @@ def lower(schedule: Schedule, costs: Optional[Costs] = None, grad_sync: bool = F
         raise schedule_error(schedule, "schedule is already lowered: lower() takes the "
                              "compute-only schedule (Schedule.compute_only())")
     check_compute(schedule)
-    costs = costs or Costs()
-    if async_p2p:
-        out = _lower_threaded(schedule, costs)
-        if grad_sync:
-            out = [_with_grad_sync(acts) for acts in out]
-        return schedule.with_ranks(out)
-    pp, ns, ranks = schedule.pp, schedule.num_stages, schedule.ranks
-    pl = schedule.placement
-    needs = [[consumes(pp, ns, r, a, pl) for a in acts] for r, acts in enumerate(ranks)]
-    makes = [[produces(pp, ns, r, a, pl) for a in acts] for r, acts in enumerate(ranks)]
-
-    clock: List[Number] = [0] * pp  # when each rank's current compute ends
-    ptr = [0] * pp
-    have: List[Set[Payload]] = [set() for _ in range(pp)]
-    # Tensors made but not yet sent: a heap until they exist, then a sorted list. The
-    # key (time made, is_grad, micro-batch, source stage) is unique, so the recorded
-    # order is deterministic.
-    future: List[_Pending] = []
-    ready: List[_Pending] = []
-    times: List[Number] = [0]
-    out: List[List[Action]] = [[] for _ in range(pp)]
-    done = 0
-    total = sum(len(a) for a in ranks)
-    comm = costs.comm
-    while times:
-        t = heapq.heappop(times)
-        while times and times[0] == t:
-            heapq.heappop(times)
-        while future and future[0][0][0] <= t:
-            insort(ready, heapq.heappop(future))
-        # 1. Transfers whose two ranks are both between computes now.
-        kept = []
-        for item in ready:
-            _key, p, src, dst, send, recv = item
-            if clock[src] <= t and clock[dst] <= t:
-                out[src].append(send)
-                out[dst].append(recv)
-                have[dst].add(p)
-                if comm:
-                    clock[src] = clock[dst] = t + comm
-                    heapq.heappush(times, t + comm)
-            else:
-                kept.append(item)
-        ready = kept
-        # 2. Computes whose inputs are all here, on ranks that are free.
-        for r in range(pp):
-            i = ptr[r]
-            if clock[r] > t or i >= len(ranks[r]):
-                continue
-            if needs[r][i] and not have[r].issuperset(needs[r][i]):
-                continue
-            a = ranks[r][i]
-            end = t + costs.of(pp, r, a, pl)
-            out[r].append(a)
-            clock[r] = end
-            ptr[r] += 1
-            done += 1
-            heapq.heappush(times, end)
-            for p in makes[r][i]:
-                heapq.heappush(future, _pending(pp, p, end, pl))
-    if done < total or future or ready:
-        simulate(schedule, costs)  # raises the deadlock error with the waiting chain
-        raise schedule_error(schedule, "lowering could not finish the schedule")
+    out = _record(schedule, costs or Costs(), _Threads() if async_p2p else _Rendezvous(schedule.pp))
     if grad_sync:
         out = [_with_grad_sync(acts) for acts in out]
     return schedule.with_ranks(out)
 
 
-def _lower_threaded(schedule: Schedule, costs: Costs) -> List[List[Action]]:
-    """The transfer order for communication threads, one per directed link (sender,
-    receiver): each transfer at the first moment its tensor exists and its link is free,
-    computing meanwhile; a compute waits only for its own inputs. Each rank's list then
-    holds its computes and its transfers merged by simulated start time (a transfer
-    before a compute that starts at the same moment)."""
+class _Rendezvous:
+    """Blocking transfers (gloo): a transfer takes place only while both of its ranks are
+    between computes, and stops both for `comm`; each rank's list is its actions in the
+    order they happened."""
+
+    def __init__(self, pp: int) -> None:
+        self.clock: List[Number] = [0] * pp  # when each rank's current compute or transfer ends
+        self.have: List[Set[Payload]] = [set() for _ in range(pp)]
+        self.out: List[List[Action]] = [[] for _ in range(pp)]
+
+    def can_transfer(self, t: Number, src: int, dst: int) -> bool:
+        return self.clock[src] <= t and self.clock[dst] <= t
+
+    def transfer(self, t: Number, comm: Number, p: Payload, src: int, dst: int, send: Action,
+                 recv: Action) -> None:
+        self.out[src].append(send)
+        self.out[dst].append(recv)
+        self.have[dst].add(p)
+        if comm:
+            self.clock[src] = self.clock[dst] = t + comm
+
+    def can_compute(self, t: Number, r: int, needs: Set[Payload]) -> bool:
+        return self.clock[r] <= t and self.have[r].issuperset(needs)
+
+    def compute(self, t: Number, r: int, a: Action, end: Number) -> None:
+        self.out[r].append(a)
+        self.clock[r] = end
+
+    def lists(self) -> List[List[Action]]:
+        return self.out
+
+
+class _Threads:
+    """Transfers on communication threads, one per directed link (sender, receiver):
+    each transfer at the first moment its tensor exists and its link is free, computing
+    meanwhile; a compute waits only for its own inputs. Each rank's list holds its
+    computes and its transfers merged by start time (a transfer before a compute that
+    starts at the same moment)."""
+
+    def __init__(self) -> None:
+        self.busy: Dict[int, Number] = {}                    # compute stream free at
+        self.line: Dict[Tuple[int, int], Number] = {}        # directed link (src, dst) free at
+        self.arrived: Dict[Tuple[int, Payload], Number] = {}
+        self.events: Dict[int, List[Tuple[Number, int, int, Action]]] = {}
+        self.seq = 0
+
+    def can_transfer(self, t: Number, src: int, dst: int) -> bool:
+        return self.line.get((src, dst), 0) <= t
+
+    def transfer(self, t: Number, comm: Number, p: Payload, src: int, dst: int, send: Action,
+                 recv: Action) -> None:
+        self.events.setdefault(src, []).append((t, 0, self.seq, send))
+        self.events.setdefault(dst, []).append((t, 0, self.seq, recv))
+        self.seq += 1
+        self.arrived[(dst, p)] = t + comm
+        if comm:
+            self.line[(src, dst)] = t + comm
+
+    def can_compute(self, t: Number, r: int, needs: Set[Payload]) -> bool:
+        return self.busy.get(r, 0) <= t and all(self.arrived.get((r, p), t + 1) <= t for p in needs)
+
+    def compute(self, t: Number, r: int, a: Action, end: Number) -> None:
+        self.events.setdefault(r, []).append((t, 1, 0, a))
+        self.busy[r] = end
+
+    def lists(self) -> List[List[Action]]:
+        return [[a for *_order, a in sorted(self.events.get(r, []), key=lambda e: e[:3])]
+                for r in range(max(self.events, default=-1) + 1)]
+
+
+def _record(schedule: Schedule, costs: Costs, semantics: Any) -> List[List[Action]]:
+    """Runs the compute schedule as an event simulation under `semantics` (_Rendezvous or
+    _Threads) and returns each rank's list of computes and transfers. At each moment,
+    first every transfer whose tensor exists and that the semantics allow (in the order
+    of the key (time made, is_grad, micro-batch, source stage), which is unique, so the
+    result is deterministic), then every free rank's next compute whose inputs are here."""
     pp, ns, ranks = schedule.pp, schedule.num_stages, schedule.ranks
     pl = schedule.placement
     needs = [[consumes(pp, ns, r, a, pl) for a in acts] for r, acts in enumerate(ranks)]
     makes = [[produces(pp, ns, r, a, pl) for a in acts] for r, acts in enumerate(ranks)]
-    busy: List[Number] = [0] * pp      # compute stream free at
-    line: Dict[Tuple[int, int], Number] = {}  # directed link (src, dst) free at
     ptr = [0] * pp
-    arrived: List[Dict[Payload, Number]] = [{} for _ in range(pp)]
+    # Tensors made but not yet sent: a heap until they exist, then a sorted list.
     future: List[_Pending] = []
     ready: List[_Pending] = []
     times: List[Number] = [0]
-    events: List[List[Tuple[Number, int, int, Action]]] = [[] for _ in range(pp)]
-    seq = 0
     done = 0
     total = sum(len(a) for a in ranks)
     comm = costs.comm
@@ -187,27 +191,20 @@ def _lower_threaded(schedule: Schedule, costs: Costs) -> List[List[Action]]:
         kept = []
         for item in ready:
             _key, p, src, dst, send, recv = item
-            if line.get((src, dst), 0) <= t:
-                events[src].append((t, 0, seq, send))
-                events[dst].append((t, 0, seq, recv))
-                seq += 1
-                arrived[dst][p] = t + comm
+            if semantics.can_transfer(t, src, dst):
+                semantics.transfer(t, comm, p, src, dst, send, recv)
                 if comm:
-                    line[(src, dst)] = t + comm
                     heapq.heappush(times, t + comm)
             else:
                 kept.append(item)
         ready = kept
         for r in range(pp):
             i = ptr[r]
-            if busy[r] > t or i >= len(ranks[r]):
-                continue
-            if any(arrived[r].get(p, t + 1) > t for p in needs[r][i]):
+            if i >= len(ranks[r]) or not semantics.can_compute(t, r, needs[r][i]):
                 continue
             a = ranks[r][i]
             end = t + costs.of(pp, r, a, pl)
-            events[r].append((t, 1, 0, a))
-            busy[r] = end
+            semantics.compute(t, r, a, end)
             ptr[r] += 1
             done += 1
             heapq.heappush(times, end)
@@ -216,7 +213,8 @@ def _lower_threaded(schedule: Schedule, costs: Costs) -> List[List[Action]]:
     if done < total or future or ready:
         simulate(schedule, costs)  # raises the deadlock error with the waiting chain
         raise schedule_error(schedule, "lowering could not finish the schedule")
-    return [[a for *_order, a in sorted(ev, key=lambda e: e[:3])] for ev in events]
+    lists = semantics.lists()
+    return lists + [[] for _ in range(pp - len(lists))]
 
 
 _Pending = Tuple[Tuple[Number, int, int, int], Payload, int, int, Action, Action]
