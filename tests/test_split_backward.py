@@ -320,3 +320,113 @@ def test_fleet_column_and_row_parallel_linear() -> None:
     assert net[0].linear is paddle.nn.functional.linear  # restored
     for r, g in zip(ref, got):
         np.testing.assert_array_equal(g, r)
+
+
+# --- the interpreter in schedule-node mode (dualpipev with overlapped_forward_backward) ---
+
+_NODE_ACTIONS = ("F0.0 F1.0 F0.1&B1.0 B0.0 F1.1 I1.1 F0.2 I0.1 W1.1 F1.2 I1.2 W1.2 W0.1 I0.2 W0.2")
+
+
+def _node_program(model: paddle.nn.Layer, ids: paddle.Tensor, labels: paddle.Tensor, m: int,
+                  recompute_chunk1: bool, pairs: list, losses: list):
+    """A pp=1 V-placed StageProgram over overlap_gpt's Reference cut in two chunks (embedding
+    and block 1; block 2 and the head): chunk 1 hands over in place and ends in the loss, so
+    one process runs the whole V with no transfer, every chunk as schedule nodes."""
+    from paddle.distributed.fleet.utils import recompute
+
+    from examples.overlap_gpt import OverlapGPT
+    from paddle_ext.pipeline.nodes import ScheduleChunk, ScheduleNode, loss_node
+    from paddle_ext.pipeline.runtime.interpreter import StageProgram
+
+    rows = ids.shape[0] // m
+    embed, (block1, block2), head = model.embed, model.blocks, model.head
+
+    def mlp_node(block: paddle.nn.Layer, recomputed: bool) -> ScheduleNode:
+        if not recomputed:
+            return ScheduleNode(block.mlp, name="mlp")
+        # re-run in the backward: in an F&B pair, under the capture of the other chunk's forward
+        return ScheduleNode(lambda x: (recompute(lambda h: block.mlp((h, x[1]))[0], x[0]), x[1]), name="mlp")
+
+    def schedule_chunk(chunk: int) -> ScheduleChunk:
+        if chunk == 0:
+            return ScheduleChunk([embed.build_schedule_node(), block1.build_schedule_node()])
+        return ScheduleChunk([ScheduleNode(block2.attention, name="attention"), mlp_node(block2, recompute_chunk1),
+                              head.build_schedule_node()])
+
+    def make_loss_node(mb: int):
+        node = loss_node(model.loss_fn)
+        node.labels, node.scale_loss_factor = labels[mb * rows:(mb + 1) * rows], m
+        return node
+
+    def overlapped(*args, **kwargs):
+        pairs.append(1)
+        return OverlapGPT.overlapped_forward_backward(None, *args, **kwargs)
+
+    def unused(*_):
+        raise AssertionError("node mode runs chunks through their schedule nodes")
+
+    return StageProgram(rank=0, pp=1, vpp=2, forward=unused, loss=unused, backward_loss=unused,
+                        first_input=lambda mb: ids[mb * rows:(mb + 1) * rows], schedule_chunk=schedule_chunk,
+                        loss_node=make_loss_node, record_loss=losses.append, overlapped_forward_backward=overlapped,
+                        placement="v")
+
+
+@pytest.mark.parametrize("recompute_chunk1", [False, True])
+def test_node_mode_splits_lone_and_paired_forwards_and_equals_plain_backward(recompute_chunk1: bool) -> None:
+    """DualPipeV's shape on one process: a lone F and the forward half of an F&B pair
+    (through overlapped_forward_backward) whose backwards are I's run captured; the I's
+    run the node backward (the loss node's on chunk 1) with dW deferred to W; an I followed
+    by its W is a whole backward. Losses and every gradient equal one plain backward per
+    micro-batch bit for bit, with the matmuls of I0.1 and I1.1 really deferred. With
+    chunk 1's MLP recomputed, B1.0's recompute runs inside the pair, under the capture of
+    F0.1: its chunk-1 weights stay Paddle's (the capture takes only chunk 0's), and the
+    recomputed MLP of I1.1 is not deferred either."""
+    from examples.overlap_gpt import Reference
+    from examples.tiny_gpt import batch
+    from paddle_ext.pipeline.runtime.interpreter import Interpreter
+    from paddle_ext.pipeline.schedule.ir import parse_action
+
+    m, vocab, hidden, seq = 3, 32, 16, 8
+    ids, labels = batch(0, 2 * m, seq, vocab)
+    ref = Reference(vocab, hidden, seq, blocks=2)  # weights from layer ids: both models start equal
+    ref_losses = []
+    for mb in range(m):
+        part = ref(ids[2 * mb:2 * mb + 2], labels[2 * mb:2 * mb + 2]) / m
+        part.backward()
+        ref_losses.append(part.numpy())
+
+    model = Reference(vocab, hidden, seq, blocks=2)
+    pairs: list = []
+    losses: list = []
+    program = _node_program(model, ids, labels, m, recompute_chunk1, pairs, losses)
+    store = WeightGradStore().bind([[model.embed, model.blocks[0]], [model.blocks[1], model.head]])
+    program.split = store
+    store.begin_step()
+    interpreter = Interpreter(program, [parse_action(a) for a in _NODE_ACTIONS.split()], transport=None)
+    assert interpreter._split_keys == {(0, 1), (1, 1)}  # I1.2 and I0.2 are followed by their W
+    interpreter.run()
+    stats = store.end_step()
+
+    assert pairs == [1]
+    # I0.1: block 1's four Linears; I1.1: block 2's four (two when its MLP is recomputed)
+    # and the head's matmul. Zero here means the run fell back to whole backwards.
+    assert stats.deferred == (4 + 3 if recompute_chunk1 else 4 + 5), stats
+    assert not stats.mixed and not stats.reordered and store.pending_bytes == 0
+    np.testing.assert_array_equal(np.array([x.numpy() for x in losses]), np.array(ref_losses))
+    want, got = dict(ref.named_parameters()), dict(model.named_parameters())
+    assert want.keys() == got.keys()
+    for name, p in want.items():
+        assert (got[name].grad is None) == (p.grad is None), name  # the head's position table: none
+        if p.grad is not None:
+            np.testing.assert_array_equal(got[name].grad.numpy(), p.grad.numpy(), err_msg=name)
+
+
+def test_pair_with_both_halves_in_one_chunk_is_not_captured() -> None:
+    """The capture cannot tell such a pair's halves apart (both use the chunk's weights):
+    the forward runs plain and its I computes every gradient."""
+    from paddle_ext.pipeline.runtime.interpreter import Interpreter, StageProgram
+    from paddle_ext.pipeline.schedule.ir import parse_action
+
+    acts = [parse_action(a) for a in "F0.0 F0.1&B0.0 I0.1 F0.2 W0.1 I0.2 F0.3 W0.2".split()]
+    program = StageProgram(rank=0, pp=2, vpp=1, forward=None, loss=None, first_input=None, backward_loss=None)
+    assert Interpreter(program, acts, transport=None)._split_keys == {(0, 2)}

@@ -20,8 +20,8 @@ V placement (schedule/vshape.py): a PipelineLayer built with use_dualpipev=True 
 3.3; rank r holds stages r and 2*pp-1-r) runs `dualpipev` (pp_configs.use_dualpipev,
 Paddle's DualPipeVParallel; the loss comes back as Paddle's: float32 of shape [1]) or
 `zb-v` (schedule_mode "ZBV"). With a model that defines overlapped_forward_backward,
-dualpipev's F&B pairs run through it, as DualPipeV does; its zero-bubble backwards
-then run whole (B), since schedule nodes do not split.
+dualpipev's F&B pairs run through it, as DualPipeV does, and its zero-bubble phases
+keep their I / W split (the interpreter captures the forwards of schedule nodes too).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from paddle_ext.pipeline.schedule import OVERLAP_SUFFIX, Schedule, generate, low
 from paddle_ext.pipeline.schedule.generate import ZB_KINDS, split_cap
 from paddle_ext.pipeline.schedule.ir import I, W
 from paddle_ext.pipeline.schedule.overlap import split_kind
-from paddle_ext.pipeline.schedule.vshape import V_KINDS, V_MIN_MICROBATCHES, without_split
+from paddle_ext.pipeline.schedule.vshape import V_KINDS, V_MIN_MICROBATCHES
 
 
 @dataclass(frozen=True)
@@ -211,8 +211,6 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
             if overlapped and not kind.endswith(OVERLAP_SUFFIX):
                 kind += OVERLAP_SUFFIX
             compute = generate(self.num_stages, self.vpp, m, kind)
-            if self.overlap_schedule_mode and compute.placement == "v":
-                compute = without_split(compute)  # schedule nodes run whole backwards
             self._schedules[m] = lower(compute, async_p2p=self.settings.overlap_p2p,
                                        grad_sync=self._grad_sync is not None)
         return self._schedules[m]

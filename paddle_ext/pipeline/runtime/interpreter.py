@@ -19,7 +19,18 @@ Two ways to run a chunk:
 Zero-bubble schedules split a backward into I (input gradients, sent upstream)
 and W (the weight gradients, later): with `split` (a WeightGradStore,
 split_backward.py) the forwards of the (chunk, mb)s that have an I run under its capture,
-and I / W run through it; B stays a plain backward.
+and I / W run through it; B stays a whole backward. Both ways to run a chunk split:
+in node mode a lone F runs its chunk's nodes captured, an F&B step runs the model's
+`overlapped_forward_backward` under the capture of its forward half, and I runs the
+node backward (loss node, then the chunk's nodes) inside `split.input_backward`. That
+capture covers only the forward half's matmuls because WeightGradStore splits a
+matmul only when its weight belongs to the keyed chunk alone: the backward half is
+another chunk (always so in DualPipeV's pairs: F0&B1, F1&B0), so a matmul it runs in
+Python (a recompute, a PyLayer's backward) stays Paddle's. A pair whose halves are
+the same chunk (a hand-made schedule) would not be told apart that way: the forward
+of such a pair is not captured, and its I then computes every gradient, its W none.
+This is DeepSeek's DualPipe: whole backwards inside the overlapped pairs, zero
+bubble (I, W) in the other phases.
 
 V placement (zb-v, dualpipev; `StageProgram.placement == "v"`): rank r runs stages r
 (chunk 0) and 2*pp-1-r (chunk 1), so rank 0 also runs the last stage (the loss), and
@@ -33,6 +44,7 @@ link, that run the transfers in the list's order while this thread computes.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Sequence
@@ -211,6 +223,10 @@ class Interpreter:
         self._fused = {(a.chunk, a.mb) for a, nxt in zip(self.actions, self.actions[1:])
                        if isinstance(a, I) and nxt == W(a.chunk, a.mb)}
         self._split_keys = {(a.chunk, a.mb) for a in self.actions if isinstance(a, I)} - self._fused
+        # The forward of an F&B whose backward half is the same chunk cannot be captured
+        # alone (module docstring): its I runs whole.
+        self._split_keys -= {(a.f.chunk, a.f.mb) for a in self.actions
+                             if isinstance(a, FB) and a.f.chunk == a.b.chunk}
         self.in_flight = 0  # forwards done whose backward has not run: what the simulator counts
         self.peak_in_flight = 0
         # (position, action, start, end) in wall-clock seconds: ranks on one host share
@@ -352,18 +368,25 @@ class Interpreter:
             self.comm.publish_grads(chunk, mb, input_grads)
 
     # --- compute ----------------------------------------------------------------------
+    def _capture(self, chunk: int, mb: int) -> contextlib.AbstractContextManager:
+        """The split's capture for the forward of a (chunk, mb) whose backward is a split
+        I (its parameter matmuls' dW deferred to W); else nothing."""
+        split = self.program.split
+        if split is not None and (chunk, mb) in self._split_keys:
+            return split.capture(chunk, mb)
+        return contextlib.nullcontext()
+
     def _forward(self, chunk: int, mb: int) -> None:
         prog = self.program
         inputs = self._forward_input(chunk, mb)
         slot = self.slots[(chunk, mb)]
         if prog.uses_nodes:
             slot.chunk = prog.schedule_chunk(chunk)
-            outputs = slot.chunk.forward(inputs)
-        elif prog.split is not None and (chunk, mb) in self._split_keys:
-            with prog.split.capture(chunk, mb):
-                outputs = prog.forward(inputs, chunk)
+            with self._capture(chunk, mb):
+                outputs = slot.chunk.forward(inputs)
         else:
-            outputs = prog.forward(inputs, chunk)
+            with self._capture(chunk, mb):
+                outputs = prog.forward(inputs, chunk)
         if prog.is_last(chunk):
             if prog.uses_nodes:
                 slot.loss_node = prog.loss_node(mb)
@@ -374,20 +397,29 @@ class Interpreter:
         self._forward_done(chunk, mb, outputs)
 
     def _backward(self, chunk: int, mb: int) -> None:
-        prog = self.program
-        slot = self.slots[(chunk, mb)]
         self.in_flight -= 1
-        if prog.uses_nodes:
-            if prog.is_last(chunk):
-                grads = slot.loss_node.backward(scaler=prog.scaler)
-            else:
-                grads = self._grads_argument(chunk, mb, self._output_grads(chunk, mb))
-            input_grads = slot.chunk.backward(grads)
-            if not prog.is_first(chunk):
-                input_grads = _input_grads(slot.inputs, input_grads)
-            self._backward_done(chunk, mb, input_grads)
-            return
-        self._plain_backward(chunk, mb)
+        self._whole_backward(chunk, mb)
+
+    def _whole_backward(self, chunk: int, mb: int) -> None:
+        """The backward of (chunk, mb) as the chunk ran: through its schedule nodes in node
+        mode, else autograd over the chunk. Inside `split.input_backward` it is an I."""
+        if self.program.uses_nodes:
+            self._node_backward(chunk, mb)
+        else:
+            self._plain_backward(chunk, mb)
+
+    def _node_backward(self, chunk: int, mb: int) -> None:
+        """The loss node's backward on the last stage (else the received output gradients),
+        then the chunk's nodes in reverse; then the input gradients to send."""
+        prog, slot = self.program, self.slots[(chunk, mb)]
+        if prog.is_last(chunk):
+            grads = slot.loss_node.backward(scaler=prog.scaler)
+        else:
+            grads = self._grads_argument(chunk, mb, self._output_grads(chunk, mb))
+        input_grads = slot.chunk.backward(grads)
+        if not prog.is_first(chunk):
+            input_grads = _input_grads(slot.inputs, input_grads)
+        self._backward_done(chunk, mb, input_grads)
 
     def _plain_backward(self, chunk: int, mb: int) -> None:
         """Autograd over the chunk from the loss or the received output gradients; then
@@ -407,14 +439,13 @@ class Interpreter:
     def _input_backward(self, chunk: int, mb: int) -> None:
         """I(chunk, mb): the backward with the deferrable weight gradients recorded for W."""
         prog = self.program
-        if prog.split is None or prog.uses_nodes:
-            raise RuntimeError(f"I{chunk}.{mb}: zero-bubble actions need the engine's split backward "
-                               "(and no schedule nodes: forward_backward_overlap_scheduler is off)")
+        if prog.split is None:
+            raise RuntimeError(f"I{chunk}.{mb}: zero-bubble actions need the engine's split backward")
         self.in_flight -= 1
         if (chunk, mb) in self._fused:
-            self._plain_backward(chunk, mb)  # its W, next, has nothing left to do
+            self._whole_backward(chunk, mb)  # its W, next, has nothing left to do
         else:
-            prog.split.input_backward(chunk, mb, lambda: self._plain_backward(chunk, mb))
+            prog.split.input_backward(chunk, mb, lambda: self._whole_backward(chunk, mb))
 
     def _weight_backward(self, chunk: int, mb: int) -> None:
         """W(chunk, mb): the weight gradients its I deferred."""
@@ -454,9 +485,12 @@ class Interpreter:
             backward_input_grads = self._grads_argument(b.chunk, b.mb, self._output_grads(b.chunk, b.mb))
         if self.comm is not None:
             handle = self._handle(f, b)
-        forward_outputs, forward_loss, backward_grads = method(
-            forward_chunk, forward_inputs, forward_loss_fn_node, bslot.chunk, backward_loss_fn_node,
-            backward_input_grads, prog.scaler, p2p_async_handle=handle)
+        # The forward half's parameter matmuls are split when its backward is an I; the
+        # capture leaves the backward half's (another chunk's weights) alone.
+        with self._capture(f.chunk, f.mb):
+            forward_outputs, forward_loss, backward_grads = method(
+                forward_chunk, forward_inputs, forward_loss_fn_node, bslot.chunk, backward_loss_fn_node,
+                backward_input_grads, prog.scaler, p2p_async_handle=handle)
         if grads_pending and not handle.backward_waited:
             raise RuntimeError(
                 "overlapped_forward_backward got a p2p_async_handle and returned without calling "

@@ -27,7 +27,7 @@ from typing import Deque, List, Tuple
 
 from paddle_ext.pipeline.schedule.ir import FB, Action, B, F, I, Schedule, W
 
-__all__ = ["V_KINDS", "V_MIN_MICROBATCHES", "zb_v", "dualpipev", "without_split"]
+__all__ = ["V_KINDS", "V_MIN_MICROBATCHES", "zb_v", "dualpipev"]
 
 V_KINDS = ("zb-v", "dualpipev")
 V_MIN_MICROBATCHES = 1
@@ -171,12 +171,3 @@ class _DualPipeRank:
         assert self.fwd == [self.m, self.m] and self.bwd == [self.m, self.m]
         return self.acts
 
-
-def without_split(schedule: Schedule) -> Schedule:
-    """Each I as a whole B at its place, its W dropped: for a runtime that cannot split
-    a backward (schedule nodes). Nothing waits for a W, so the result is as deadlock-free
-    as the input; it only loses the bubbles the W's filled."""
-    out = []
-    for acts in schedule.ranks:
-        out.append([B(a.chunk, a.mb) if type(a) is I else a for a in acts if type(a) is not W])
-    return schedule.with_ranks(out)
