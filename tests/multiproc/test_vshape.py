@@ -49,6 +49,11 @@ def test_v_schedules_equal_single_process(pp):
         pairs = re.findall(rf"rank {rank}: pp={pp} dualpipev M=\d+ .*overlap_model=True .*, (\d+) F&B through", log)
         assert len(pairs) == sum(c.endswith(":1") and len(c.split(":")) == 6 for c in CONFIGS[pp].split(","))
         assert all(int(n) > 0 for n in pairs), result.describe()
+        # ... and kept dualpipev's zero-bubble split on every rank of the full pipe (M >= 2pp)
+        deferred = re.findall(rf"rank {rank}: pp={pp} dualpipev M=(\d+) .*overlap_model=True .*, (\d+) weight grads "
+                              r"deferred, I/W (\d+)/\d+", log)
+        assert all(int(d) > 0 and int(i) > 0 for m, d, i in deferred if int(m) >= 2 * pp), result.describe()
+        assert any(int(m) >= 2 * pp for m, _, _ in deferred) == (pp == 4), result.describe()
         # the configs whose second step has half the sequence length (seventh field 1)
         varied = re.findall(rf"rank {rank}: pp={pp} \S+ M=\d+ .* seq=8,4,8: ", log)
         assert len(varied) == sum(c.endswith(":1") and len(c.split(":")) == 7 for c in CONFIGS[pp].split(","))
@@ -75,6 +80,26 @@ def test_plugin_v_layer_equal_single_process_without_native_v():
         assert f"rank {rank}: local tie across ranks refused" in log, result.describe()
 
 
+def _split_counts(log: str, rank: int, m: int, p2p: bool) -> tuple[int, int, int]:
+    """(deferred weight grads in the last step, I's, W's) of rank's dualpipev M=m line on
+    overlap_gpt (vshape_parity.py's summary)."""
+    found = re.search(rf"rank {rank}: pp=2 dualpipev M={m} .*overlap_model=True p2p={p2p}: bitwise equal "
+                      r"\(schedule dualpipev-overlap .*, (\d+) weight grads deferred, I/W (\d+)/(\d+), (\d+) F&B", log)
+    assert found, log
+    assert int(found.group(4)) > 0  # F&B pairs went through overlapped_forward_backward
+    return int(found.group(1)), int(found.group(2)), int(found.group(3))
+
+
+def _assert_split_under_pairs(result, m: int, p2p: bool) -> None:
+    """DualPipeV's zero-bubble phases keep I and W on every rank while its F&B pairs run
+    through overlapped_forward_backward, and the split's capture really deferred weight
+    gradients on both ranks (pp2 M=6: rank 0's I1.0, of a lone F, with its send between
+    it and its W; rank 1's I1.5 and I0.5, whose forwards were the first halves of F&B
+    pairs): with whole B's instead none would be deferred."""
+    counts = [_split_counts(result.logs[rank], rank, m, p2p) for rank in range(2)]
+    assert all(deferred > 0 and i > 0 and i == w for deferred, i, w in counts), (counts, result.describe())
+
+
 @needs_native_v
 def test_dualpipev_pairs_run_through_overlapped_forward_backward():
     configs = "dualpipev:6:0:0,dualpipev:2:0:1,zb-v:1:0:0"
@@ -87,6 +112,7 @@ def test_dualpipev_pairs_run_through_overlapped_forward_backward():
         assert [f[:3] for f in found] == [("dualpipev", "6", "dualpipev-overlap"), ("dualpipev", "2", "dualpipev-overlap"),
                                           ("zb-v", "1", "zb-v")], result.describe()
         assert int(found[0][3]) > 0, result.describe()
+    _assert_split_under_pairs(result, 6, p2p=False)
 
 
 @needs_native_v  # passes on 2.6.2's plugin layer too (measured); left to the sharding test there for CI time
@@ -124,3 +150,4 @@ def test_dualpipev_pairs_with_communication_threads_equal_single_process():
     for rank in range(2):
         assert re.search(rf"rank {rank}: pp=2 dualpipev M=6 .*overlap_model=True p2p=True: bitwise equal "
                          r"\(schedule dualpipev-overlap", result.logs[rank]), result.describe()
+    _assert_split_under_pairs(result, 6, p2p=True)

@@ -13,8 +13,10 @@ The first config goes through fleet.distributed_model with pp_configs.use_dualpi
 form (float32, shape [1]).
 
 With `overlap` (third argument) the model is examples/overlap_gpt.py's, which defines
-overlapped_forward_backward: dualpipev's F&B pairs run through it (schedule nodes, each
-backward whole), untied (Paddle's V segmentation takes no SharedLayerDesc).
+overlapped_forward_backward: dualpipev's F&B pairs run through it (schedule nodes; the
+pairs' backwards whole, the zero-bubble phases' split into I and W: the rank's list keeps
+the generator's I's and W's, checked here, and the printed count of deferred weight
+gradients is what the test reads), untied (Paddle's V segmentation takes no SharedLayerDesc).
 
 Usage: vshape_parity.py PP KIND:M:TIED:DELAY[:P2P[:OVERLAP[:VARY[:BUILDER]]]][,...] [overlap]   (TIED,
 DELAY, P2P, OVERLAP, VARY, BUILDER: 0 or 1; BUILDER: the plugin's VPipelineLayer
@@ -39,7 +41,8 @@ import paddle_ext  # noqa: E402
 from examples import overlap_gpt  # noqa: E402
 from examples.tiny_gpt import Reference, batch, v_pipeline_model  # noqa: E402
 from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings  # noqa: E402
-from paddle_ext.pipeline.schedule import simulate  # noqa: E402
+from paddle_ext.pipeline.schedule import generate, simulate  # noqa: E402
+from paddle_ext.pipeline.schedule.ir import I, W  # noqa: E402
 
 VOCAB, HIDDEN, SEQ, MBS, STEPS = 32, 16, 8, 2, 3
 TOL = 1e-6
@@ -130,10 +133,14 @@ def run(hcg, kind, m, tied, delay, via_fleet, overlap=False, p2p=False, vary=Fal
     deferred = split.deferred if split is not None else 0
     expected_pairs = sum(1 for a in sched.ranks[stage] if type(a).__name__ == "FB") * (STEPS if overlap else 0)
     assert len(pairs) == expected_pairs, (len(pairs), expected_pairs)
+    split_actions = [a for a in sched.ranks[stage] if isinstance(a, (I, W))]
+    # the zero-bubble halves run as generated, schedule nodes or not (no whole B's instead)
+    assert split_actions == [a for a in generate(pp, 2, m, sched.kind).ranks[stage] if isinstance(a, (I, W))]
     print(f"rank {stage}: {tag}: {'bitwise equal' if exact else f'equal within {TOL} (tied weight)'} "
           f"(schedule {sched.kind} placement={sched.placement}, peak in flight {engine.last_step.peak_in_flight}, "
-          f"simulated {predicted}, {deferred} weight grads deferred, {len(pairs)} F&B through "
-          "overlapped_forward_backward)", flush=True)
+          f"simulated {predicted}, {deferred} weight grads deferred, "
+          f"I/W {sum(isinstance(a, I) for a in split_actions)}/{sum(isinstance(a, W) for a in split_actions)}, "
+          f"{len(pairs)} F&B through overlapped_forward_backward)", flush=True)
 
 
 def main():
