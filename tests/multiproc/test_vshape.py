@@ -117,14 +117,18 @@ def test_dualpipev_pairs_run_through_overlapped_forward_backward():
 
 @needs_native_v  # passes on 2.6.2's plugin layer too (measured); left to the sharding test there for CI time
 def test_v_schedules_with_dp_overlap_equal_reference():
-    configs = "2:6:0:0:16:v,2:5:1:2:16:vz,2:1:1:0:16:v"
+    # the last config: overlap_gpt, its F&B pairs through overlapped_forward_backward and the
+    # other phases' I/W split (check_split), small buckets handed over inside the W's
+    configs = "2:6:0:0:16:v,2:5:1:2:16:vz,2:1:1:0:16:v,2:6:1:2:16:vo"
     result = launch("grad_overlap_parity.py", "2", "1", configs, nproc=4, timeout=200)
     assert result.returncode == 0, result.describe()
     for rank in range(4):
         log = result.logs[rank]
         assert f"rank {rank}: all configs passed" in log, result.describe()
         found = re.findall(rf"rank {rank}: dp=2 sharding=1 vpp=2 M=\d+ .*placement=v: on == off bitwise", log)
-        assert len(found) == 3, result.describe()
+        assert len(found) == 4, result.describe()
+        assert re.search(rf"rank {rank}: dp=2 sharding=1 vpp=2 M=6 .*model=examples.overlap_gpt placement=v: on == off "
+                         "bitwise", log), result.describe()
 
 
 def test_v_schedules_with_sharding_stage1_and_grad_scaler_equal_reference():

@@ -9,7 +9,9 @@ p (p2p), o (overlapgpt), as the flags below do for all, z: the zero-bubble
 schedule (zb-h1, interleaved-zb with VPP > 1), and v: the V placement (VPP 2:
 tiny_gpt.v_pipeline_model, a use_dualpipev PipelineLayer with the tie local on rank 0;
 dualpipev, or zb-v with z; its tied word table sums per micro-batch in schedule order,
-so its losses after the first step are compared within REF_BOUND)). For each config,
+so its losses after the first step are compared within REF_BOUND; with o,
+overlap_gpt's use_dualpipev model, untied, whose overlapped_forward_backward runs
+dualpipev's F&B pairs while its other phases split I and W)). For each config,
 on every rank:
 
 1. 3 Adam steps with overlap off, then the same with overlap on (fresh model and
@@ -84,7 +86,9 @@ MODEL = {"build": tiny_gpt.pipeline_model, "reference": tiny_gpt.Reference, "emb
 
 def run_engine(hcg, vpp, m, delay, overlap, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh, zb=False, v=False):
     paddle.seed(0)
-    if v:
+    if v and MODEL["build"] is overlap_gpt.overlap_model:
+        model = overlap_gpt.overlap_model(VOCAB, hidden, SEQ, blocks=PP * vpp, pp=PP, use_dualpipev=True)
+    elif v:
         model = tiny_gpt.v_pipeline_model(VOCAB, hidden, SEQ, blocks=PP * vpp, pp=PP)
     else:
         model = MODEL["build"](VOCAB, hidden, SEQ, blocks=PP * vpp, pp=PP, vpp=vpp)
@@ -109,8 +113,8 @@ def run_engine(hcg, vpp, m, delay, overlap, bucket_kb, hidden, use_scaler, fb, p
     return engine, params, losses
 
 
-def shard_grads(ref, ids, labels, m, delay, scaler):
-    """One shard's accumulated gradients (tied pair summed), and its loss."""
+def shard_grads(ref, ids, labels, m, delay, scaler, tied=True):
+    """One shard's accumulated gradients (tied pair summed, unless untied), and its loss."""
     loss = paddle.zeros([])
     for mb in range(m):
         part = ref(ids[mb * MBS:(mb + 1) * MBS], labels[mb * MBS:(mb + 1) * MBS])
@@ -120,13 +124,14 @@ def shard_grads(ref, ids, labels, m, delay, scaler):
         loss += part.detach()
     if delay:
         loss = loss / m
-    ref.tie_grads()
+    if tied:
+        ref.tie_grads()
     grads = {id(p): (None if p.grad is None else p.grad.numpy().copy()) for p in ref.parameters()}
     ref.clear_gradients()
     return grads, loss.numpy()
 
 
-def reference(vpp, m, delay, hidden, dp, sh, use_scaler):
+def reference(vpp, m, delay, hidden, dp, sh, use_scaler, tied=True):
     """Parameters after STEPS steps and per-step, per-shard losses."""
     ref = MODEL["reference"](VOCAB, hidden, SEQ, blocks=PP * vpp)
     opt = paddle.optimizer.Adam(1e-2, parameters=ref.parameters())
@@ -138,7 +143,7 @@ def reference(vpp, m, delay, hidden, dp, sh, use_scaler):
         per_shard, step_losses = [], []
         for k in range(dp * sh):
             rows = slice(k * m * MBS, (k + 1) * m * MBS)
-            g, loss = shard_grads(ref, ids[rows], labels[rows], m, delay, scaler)
+            g, loss = shard_grads(ref, ids[rows], labels[rows], m, delay, scaler, tied)
             per_shard.append(g)
             step_losses.append(loss)
         losses.append(step_losses)
@@ -279,14 +284,14 @@ def main():
                                         v)
         engine, on, on_losses = run_engine(hcg, vpp, m, delay, True, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh,
                                            zb, v)
-        if zb:
-            check_split(engine, stage, m)
+        if zb or (v and any(isinstance(a, I) for a in engine.schedule(m).ranks[stage])):
+            check_split(engine, stage, m)  # dualpipev splits I and W too (its pairs' B's whole)
         for key in off:
             if not np.array_equal(off[key], on[key]):
                 diff = np.max(np.abs(off[key].astype(np.float64) - on[key]))
                 raise AssertionError(f"rank {me} {tag}: param {key} differs between overlap off and on "
                                      f"(max abs diff {diff})")
-        ref, ref_losses = reference(vpp, m, delay, hidden, dp, sh, use_scaler)
+        ref, ref_losses = reference(vpp, m, delay, hidden, dp, sh, use_scaler, tied=not (v and overlap_model))
         worst = 0.0
         for key, value in on.items():
             want = ref_param(ref, key).numpy()

@@ -35,7 +35,14 @@ import paddle
 import paddle.distributed.fleet as fleet
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
-from _parity import GradRecorder, assert_equal, ref_param, reference_eval_loss, v_stage_params  # noqa: E402
+from _parity import (  # noqa: E402
+    GradRecorder,
+    assert_equal,
+    check_split,
+    ref_param,
+    reference_eval_loss,
+    v_stage_params,
+)
 
 import paddle_ext  # noqa: E402
 from examples import overlap_gpt  # noqa: E402
@@ -131,6 +138,8 @@ def run(hcg, kind, m, tied, delay, via_fleet, overlap=False, p2p=False, vary=Fal
     assert engine.last_step.peak_in_flight <= predicted, (engine.last_step.peak_in_flight, predicted)
     split = engine.last_step.split
     deferred = split.deferred if split is not None else 0
+    if split is not None:  # deferred wherever an I is apart from its W, no sum split or reordered
+        check_split(engine, stage, m)
     expected_pairs = sum(1 for a in sched.ranks[stage] if type(a).__name__ == "FB") * (STEPS if overlap else 0)
     assert len(pairs) == expected_pairs, (len(pairs), expected_pairs)
     split_actions = [a for a in sched.ranks[stage] if isinstance(a, (I, W))]
