@@ -382,11 +382,8 @@ class Interpreter:
         slot = self.slots[(chunk, mb)]
         if prog.uses_nodes:
             slot.chunk = prog.schedule_chunk(chunk)
-            with self._capture(chunk, mb):
-                outputs = slot.chunk.forward(inputs)
-        else:
-            with self._capture(chunk, mb):
-                outputs = prog.forward(inputs, chunk)
+        with self._capture(chunk, mb):
+            outputs = slot.chunk.forward(inputs) if prog.uses_nodes else prog.forward(inputs, chunk)
         if prog.is_last(chunk):
             if prog.uses_nodes:
                 slot.loss_node = prog.loss_node(mb)
