@@ -16,13 +16,17 @@ float16 / bfloat16 kernel; on 2.6.2 no CPU kernel at all. This unit serves, for 
   bit, with gradients from the plugin's backward kernel when an input needs
   them; float16 / bfloat16, and float32 where Paddle has no CPU kernel (2.6.2,
   whose fused_rms_norm calls _C_ops.rms_norm), run the plugin's kernels. Every
-  other combination (bias or residual to fuse, quant_scale > 0, other dtypes,
-  shapes Paddle refuses), and a call the plugin's checks refuse (an epsilon < 0
-  or NaN, which Paddle's float32 forward takes), goes to Paddle, which answers
-  or raises as before;
+  other combination (quant_scale > 0, other dtypes, shapes Paddle refuses), and
+  a call the plugin's checks refuse (an epsilon < 0 or NaN, which Paddle's
+  float32 forward takes), goes to Paddle, which answers or raises as before;
+- fused_rms_norm with a bias and / or residual: Paddle's answer where its CPU
+  kernel runs (float32 with AVX-512F); elsewhere (float16 / bfloat16, 2.6.2) the
+  plugin's forward with the GPU kernel's semantics (paddle_ext.ops.fused_rms_norm:
+  the bias is read only with a residual, residual_out = (x + residual) + bias)
+  and, as on the GPU, no backward (_fused_without_backward);
 - except on a CPU without AVX-512F, where Paddle's float32 kernel (AVX-512 only)
-  would stop the process with SIGILL: there the plugin serves float32 too, raises
-  its own error for a call it refuses, and a RuntimeError for bias / residual
+  would stop the process with SIGILL: there the plugin serves float32 too, with
+  or without bias / residual, and raises its own error for a call it refuses
   (paddle_float32_kernel).
 
 The unit patches the functions in paddle._C_ops, which Paddle's Python
@@ -80,11 +84,12 @@ def _ext_grad(original):
     return fused_rms_norm_ext_grad
 
 
-def _plain_case(x, bias, residual, norm_weight, norm_bias, begin_norm_axis, quant_scale) -> bool:
-    """Whether the plugin covers this fused_rms_norm call (else Paddle's own path)."""
+def _plain_case(x, norm_weight, norm_bias, begin_norm_axis, quant_scale) -> bool:
+    """Whether the plugin covers this fused_rms_norm call without bias or residual
+    (else Paddle's own path)."""
     from paddle_ext.ops._checks import dtype_name
 
-    if bias is not None or residual is not None or quant_scale > 0 or not _on_cpu(x, norm_weight, norm_bias):
+    if quant_scale > 0 or not _on_cpu(x, norm_weight, norm_bias):
         return False
     if not _kernel_dtypes(x) or not isinstance(begin_norm_axis, int):
         return False
@@ -105,16 +110,19 @@ def _quant(original):
                 quant_round_type, quant_max_bound, quant_min_bound, *args)
         from paddle_ext.ops._checks import dtype_name
 
+        paddle_runs = dtype_name(x) == "float32" and paddle_float32_kernel(original) == RUNS
         crashes = dtype_name(x) == "float32" and _on_cpu(x) and paddle_float32_kernel(original) == UNRUNNABLE
-        if args or not _plain_case(x, bias, residual, norm_weight, norm_bias, begin_norm_axis, quant_scale):
-            if crashes and quant_scale <= 0 and (bias is not None or residual is not None):
-                raise RuntimeError(
-                    f"fused_rms_norm with {'a residual' if residual is not None else 'a bias'} on CPU: Paddle's "
-                    "float32 CPU kernel (phi::fusion::RmsNormAvxKernel) is built for AVX-512F only and would stop "
-                    "this process with SIGILL on this CPU, which lacks AVX-512F; paddle_ext serves fused_rms_norm "
-                    "on CPU without bias, residual or quantisation (add them before the call)")
+        fused = bias is not None or residual is not None
+        if fused and not args and quant_scale <= 0 and (crashes or (not paddle_runs and _kernel_dtypes(x)
+                                                                and _on_cpu(x, bias, residual, norm_weight, norm_bias))):
+            fused_call = functools.partial(_fused_without_backward, x, bias, residual, norm_weight, norm_bias,
+                                           epsilon, begin_norm_axis)
+            if crashes:  # a refusal is the plugin's to raise: Paddle's kernel cannot be asked here
+                return fused_call()
+            return plugin_else_paddle(fused_call, lambda: original(*call))
+        if args or fused or not _plain_case(x, norm_weight, norm_bias, begin_norm_axis, quant_scale):
             return original(*call)
-        if dtype_name(x) != "float32" or paddle_float32_kernel(original) != RUNS:
+        if not paddle_runs:
             plugin_call = lambda: plugin.fused_rms_norm(x, norm_weight, norm_bias, epsilon, begin_norm_axis)  # noqa: E731
             if crashes:  # a refusal is the plugin's to raise: Paddle's kernel cannot be asked here
                 return plugin_call()
@@ -139,6 +147,56 @@ def _quant(original):
         return plugin_else_paddle(plugin_backward, lambda: original(*call))
 
     return fused_rms_norm_quant
+
+
+def _fused_without_backward(x, bias, residual, norm_weight, norm_bias, epsilon, begin_norm_axis):
+    """fused_rms_norm with a bias and / or residual, where Paddle's CPU kernel cannot
+    answer (none registered, or AVX-512 code on a CPU without it): the plugin's forward,
+    with the semantics of Paddle's GPU kernel (paddle_ext.ops.fused_rms_norm), and, as
+    on the GPU, no backward: Paddle's GPU grad kernel (RmsNormGradKernel,
+    paddle/phi/kernels/gpu/rms_norm_grad_kernel.cu) throws Unimplemented("bias or
+    residual or norm_bias is not supported yet") when the backward runs, and its CPU
+    build has no grad kernel at all. The outputs take part in autograd when an input
+    wants a gradient, and the backward raises NotImplementedError naming the reason
+    (Paddle reports an error raised in a PyLayer's backward as OSError, "(External)",
+    with that text), rather than gradients no Paddle kernel gives."""
+    import paddle
+
+    def forward():
+        return plugin.fused_rms_norm(x, norm_weight, norm_bias, epsilon, begin_norm_axis, bias, residual)
+
+    inputs = [t for t in (x, bias, residual, norm_weight, norm_bias) if t is not None]
+    if not paddle.is_grad_enabled() or all(t.stop_gradient for t in inputs):
+        out, residual_out = forward()
+        # as Paddle's outputs there (a custom op's output under no_grad would want a gradient)
+        out.stop_gradient = residual_out.stop_gradient = True
+        return out, residual_out
+    return _no_backward_layer().apply(forward, *inputs)
+
+
+_NO_BACKWARD = None
+
+
+def _no_backward_layer():
+    """The PyLayer class, made on first use."""
+    global _NO_BACKWARD
+    if _NO_BACKWARD is None:
+        from paddle.autograd import PyLayer
+
+        class FusedRmsNormWithoutBackward(PyLayer):
+            @staticmethod
+            def forward(ctx, forward, *inputs):
+                return forward()
+
+            @staticmethod
+            def backward(ctx, *grads):
+                raise NotImplementedError(
+                    "fused_rms_norm has no backward with a bias or residual: Paddle's GPU grad kernel "
+                    "(rms_norm_grad_kernel.cu) raises Unimplemented('bias or residual or norm_bias is not supported "
+                    "yet') and its CPU build has none; paddle_ext.ops.fused_rms_norm gives these gradients")
+
+        _NO_BACKWARD = FusedRmsNormWithoutBackward
+    return _NO_BACKWARD
 
 
 NONE, RUNS, UNRUNNABLE = "none", "runs", "unrunnable"

@@ -171,8 +171,13 @@ def test_no_rows_gives_empty_outputs():
      r"x's normalised size must be > 0"),
     (lambda: ops.fused_rms_norm(paddle.ones([2, 4]), paddle.ones([4]), None, 1e-5, 2), ValueError,
      r"begin_norm_axis must be in \[-2, 2\) for x of shape \[2, 4\], got 2"),
-    (lambda: ops.fused_rms_norm(paddle.ones([2, 4]), paddle.ones([4]), None, 1e-5, 1, residual=paddle.ones([2, 4])),
-     ValueError, r"residual must be None"),
+    (lambda: ops.fused_rms_norm(paddle.ones([2, 4]), paddle.ones([4]), None, 1e-5, 1, residual=paddle.ones([1, 4])),
+     ValueError, r"residual must have x's shape \[2, 4\], got \[1, 4\]"),
+    (lambda: ops.fused_rms_norm(paddle.ones([2, 4]), paddle.ones([4]), None, 1e-5, 1, residual=paddle.ones([2, 4]),
+                                bias=paddle.ones([3])), ValueError, r"bias must have 4 elements .*got shape \[3\]"),
+    (lambda: ops.fused_rms_norm(paddle.ones([2, 4]), paddle.ones([4]), None, 1e-5, 1,
+                                residual=paddle.ones([2, 4], "float16")), TypeError,
+     r"residual must have x's dtype float32, got float16"),
     (lambda: ops.fused_rms_norm(paddle.ones([2, 4]), paddle.ones([4]), None, 1e-5, 1, quant_scale=0.5),
      ValueError, r"quant_scale must be <= 0 .*got 0.5"),
     (lambda: ops.fused_rms_norm(paddle.ones([2, 4]), paddle.ones([4]), paddle.ones([3]), 1e-5, 1), ValueError,
@@ -237,6 +242,18 @@ PADDLE_FLOAT32 = unit.paddle_float32_kernel(getattr(paddle._C_ops, QUANT_OP)) if
 PADDLE_FLOAT32_RUNS = PADDLE_FLOAT32 == unit.RUNS
 NO_PADDLE_FLOAT32 = "this Paddle's float32 fused_rms_norm forward does not run on this CPU"
 
+@pytest.fixture
+def without_avx512f(monkeypatch):
+    """The unit reads this CPU as one without AVX-512F, where Paddle's float32 kernel
+    (RmsNormAvxKernel) would die of SIGILL: every float32 call is then the plugin's."""
+    from paddle_ext import cpu_math
+
+    monkeypatch.setattr(cpu_math, "has_avx512f", lambda: False)
+    unit.paddle_float32_kernel.cache_clear()
+    yield
+    unit.paddle_float32_kernel.cache_clear()
+
+
 CHILD_STOCK_CALL = """
 import paddle
 F = paddle.incubate.nn.functional
@@ -280,19 +297,19 @@ def test_fused_rms_norm_float32_where_paddle_has_no_usable_cpu_kernel_runs_the_p
     assert rel(out.numpy(), ry) < 1e-6 and rel(x.grad.numpy(), rdx) < 1e-6 and rel(w.grad.numpy(), rdw) < 1e-6
 
 
-@pytest.mark.skipif(PADDLE_FLOAT32 != unit.UNRUNNABLE, reason="Paddle's float32 kernel runs, or is absent, here")
-def test_where_paddles_float32_kernel_cannot_run_the_plugin_never_hands_it_a_call():
-    """Calls the plugin does not cover, or refuses, would reach Paddle's AVX-512 kernel:
-    they raise a clear error instead of stopping the process."""
+@pytest.mark.skipif(not HAS_QUANT, reason="this Paddle has no fused_rms_norm_quant")
+def test_where_paddles_float32_kernel_cannot_run_the_plugin_never_hands_it_a_call(without_avx512f):
+    """Calls the plugin refuses would reach Paddle's AVX-512 kernel: they raise a clear
+    error instead of stopping the process; bias and residual are the plugin's too."""
     from paddle_ext.ops._checks import InvalidArgumentError
 
     x = paddle.to_tensor(np.random.default_rng(3).standard_normal([3, 8]).astype("float32"))
     w = paddle.ones([8])
     paddle_ext.enable()
-    with pytest.raises(RuntimeError, match="with a residual on CPU.*AVX-512F.*SIGILL"):
-        F.fused_rms_norm(x, w, None, 1e-6, 1, residual=paddle.ones([3, 8]))
-    with pytest.raises(RuntimeError, match="with a bias on CPU.*AVX-512F"):
-        F.fused_rms_norm(x, w, None, 1e-6, 1, bias=paddle.ones([8]))
+    out, residual_out = F.fused_rms_norm(x, w, None, 1e-6, 1, residual=paddle.ones([3, 8]))
+    assert np.array_equal(residual_out.numpy(), x.numpy() + np.float32(1))
+    out, _ = F.fused_rms_norm(x, w, None, 1e-6, 1, bias=paddle.ones([8]))  # ignored without a residual
+    assert rel(out.numpy(), reference(as_f64(x), as_f64(w), as_f64(x), 1e-6, 8)[0]) < 1e-6
     with pytest.raises(InvalidArgumentError, match="epsilon must be a finite number >= 0, got -0.001") as err:
         F.fused_rms_norm(x, w, None, -1e-3, 1)
     assert isinstance(err.value, ValueError) and isinstance(err.value, AssertionError)
@@ -417,3 +434,153 @@ def test_enable_disable_restores_paddles_ops():
     paddle_ext.enable()
     paddle_ext.disable()
     assert all(getattr(paddle._C_ops, n) is f for n, f in originals.items())
+
+
+# ----------------------- fused_rms_norm with bias / residual where Paddle's kernel cannot run
+
+def fused_reference(x, w, nb, bias, residual, eps, cols):
+    """float64 (out, residual_out) of Paddle's GPU kernel (rms_norm_kernel.cu): the bias is
+    read only with a residual (ResidualAddBiasLoad), h = x + residual + bias, out = norm(h)
+    * w (+ nb); residual_out = h (None without a residual)."""
+    h = np.asarray(x, np.float64)
+    if residual is not None:
+        h = h + np.asarray(residual, np.float64)
+        if bias is not None:
+            h = (h.reshape(-1, cols) + np.asarray(bias, np.float64).reshape(cols)).reshape(h.shape)
+    out, _, _, _ = reference(h, w, h, eps, cols)
+    if nb is not None:
+        out = (out.reshape(-1, cols) + np.asarray(nb, np.float64)).reshape(h.shape)
+    return out, (h if residual is not None else None)
+
+
+def fused_inputs(shape, cols, dtype="float32", seed=7):
+    rng = np.random.default_rng(seed)
+    make = lambda s: paddle.to_tensor(rng.standard_normal(s).astype("float32")).astype(dtype)  # noqa: E731
+    w = paddle.to_tensor((rng.random(cols) + 0.5).astype("float32")).astype(dtype)
+    return make(shape), w, make([cols]), make([cols]), make(shape)
+
+
+FUSED_CASES = [("residual", False), ("bias", False), ("both", False), ("both", True), ("residual", True)]
+
+
+@pytest.mark.skipif(not HAS_QUANT, reason="this Paddle has no fused_rms_norm_quant")
+@pytest.mark.parametrize("shape, axis", [([4, 40], 1), ([2, 3, 16], 1), ([2, 3, 17], -1)])
+@pytest.mark.parametrize("case, with_norm_bias", FUSED_CASES)
+def test_fused_bias_residual_without_avx512f_follow_the_gpu_kernel(without_avx512f, shape, axis, case,
+                                                                   with_norm_bias):
+    cols = int(np.prod(shape[axis % len(shape):]))
+    x, w, nb, bias, residual = fused_inputs(shape, cols)
+    bias = bias if case in ("bias", "both") else None
+    residual = residual if case in ("residual", "both") else None
+    nb = nb if with_norm_bias else None
+    before = [t.numpy().copy() for t in (x, bias, residual) if t is not None]
+    paddle_ext.enable()
+    assert unit.paddle_float32_kernel(getattr(paddle._C_ops, QUANT_OP)) == unit.UNRUNNABLE
+    out, residual_out = F.fused_rms_norm(x, w, nb, 1e-6, axis, bias=bias, residual=residual)
+    want, want_residual = fused_reference(as_f64(x), as_f64(w), None if nb is None else as_f64(nb),
+                                          None if bias is None else as_f64(bias),
+                                          None if residual is None else as_f64(residual), 1e-6, cols)
+    assert out.dtype == x.dtype and list(out.shape) == shape
+    assert rel(out.numpy(), want) < 1e-6
+    if residual is None:
+        assert not residual_out._is_initialized()  # as Paddle's kernels: not written without a residual
+    else:
+        assert rel(residual_out.numpy(), want_residual) < 1e-6
+        # float32 rounding as the GPU kernel's: (x + residual) rounded, then + bias rounded
+        h32 = x.numpy() + residual.numpy()
+        if bias is not None:
+            h32 = (h32.reshape(-1, cols) + bias.numpy()).reshape(shape)
+        assert np.array_equal(residual_out.numpy(), h32)
+    assert all(np.array_equal(b, t.numpy()) for b, t in zip(before, [t for t in (x, bias, residual) if t is not None]))
+
+
+@pytest.mark.skipif(not PADDLE_FLOAT32_RUNS, reason=NO_PADDLE_FLOAT32)
+@pytest.mark.parametrize("case, with_norm_bias", FUSED_CASES)
+def test_fused_bias_residual_without_avx512f_agree_with_paddles_avx512_kernel(without_avx512f, case, with_norm_bias):
+    """On a CPU that has AVX-512F, Paddle's own kernel answers these calls: its CPU and GPU
+    kernels agree here, and so does the plugin's answer for a CPU without AVX-512F."""
+    x, w, nb, bias, residual = fused_inputs([6, 72], 72, seed=11)
+    bias = bias if case in ("bias", "both") else None
+    residual = residual if case in ("residual", "both") else None
+    nb = nb if with_norm_bias else None
+
+    def call():
+        return F.fused_rms_norm(x, w, nb, 1e-6, 1, bias=bias, residual=residual)
+
+    stock_out, stock_residual = call()  # Paddle's AVX-512 kernel: the unit is not enabled yet
+    paddle_ext.enable()
+    out, residual_out = call()
+    assert unit.paddle_float32_kernel(getattr(paddle._C_ops, QUANT_OP)) == unit.UNRUNNABLE
+    assert rel(out.numpy(), stock_out.numpy()) < 1e-6
+    if residual is not None:
+        assert np.array_equal(residual_out.numpy(), stock_residual.numpy())
+    else:
+        assert not residual_out._is_initialized() and not stock_residual._is_initialized()
+
+
+@pytest.mark.skipif(not HAS_QUANT, reason="this Paddle has no fused_rms_norm_quant")
+@pytest.mark.parametrize("case", ["bias", "residual"])
+def test_fused_bias_residual_without_avx512f_have_no_backward_as_on_the_gpu(without_avx512f, case):
+    """Paddle's GPU grad kernel throws Unimplemented with a bias or residual (its CPU build
+    has no grad kernel): the outputs want gradients, and the backward raises saying why."""
+    x, w, _, bias, residual = fused_inputs([3, 8], 8)
+    x.stop_gradient = False
+    kwargs = {"bias": bias} if case == "bias" else {"residual": residual}
+    paddle_ext.enable()
+    out, residual_out = F.fused_rms_norm(x, w, None, 1e-6, 1, **kwargs)
+    assert not out.stop_gradient
+    with pytest.raises(OSError, match=r"NotImplementedError: fused_rms_norm has no backward with a bias or residual"):
+        out.sum().backward()
+    with paddle.no_grad():
+        again, _ = F.fused_rms_norm(x, w, None, 1e-6, 1, **kwargs)
+    assert again.stop_gradient and np.array_equal(again.numpy(), out.numpy())
+
+
+@pytest.mark.skipif(not HAS_QUANT, reason="this Paddle has no fused_rms_norm_quant")
+@pytest.mark.parametrize("kwargs, pattern", [
+    (lambda: {"residual": paddle.ones([3, 5])}, r"residual must have x's shape \[3, 8\], got \[3, 5\]"),
+    (lambda: {"residual": paddle.ones([1, 8])}, r"residual must have x's shape \[3, 8\], got \[1, 8\]"),
+    (lambda: {"residual": paddle.ones([3, 8]), "bias": paddle.ones([5])}, r"bias must have 8 elements .*\[5\]"),
+])
+def test_fused_shapes_paddles_kernels_would_read_past_are_refused_without_avx512f(without_avx512f, kwargs, pattern):
+    """Paddle's shape inference checks neither bias nor residual; both its kernels then read
+    past their ends. Without AVX-512F the plugin answers instead, and refuses those."""
+    from paddle_ext.ops._checks import InvalidArgumentError
+
+    x = paddle.ones([3, 8])
+    paddle_ext.enable()
+    with pytest.raises(InvalidArgumentError, match=pattern):
+        F.fused_rms_norm(x, paddle.ones([8]), None, 1e-6, 1, **kwargs())
+
+
+@pytest.mark.skipif(not HAS_QUANT, reason="this Paddle has no fused_rms_norm_quant")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_fused_bias_residual_half_run_the_plugin_where_paddle_has_no_kernel(dtype):
+    x, w, nb, bias, residual = fused_inputs([4, 32], 32, dtype)
+    with pytest.raises(RuntimeError, match="not registered"):
+        F.fused_rms_norm(x, w, nb, 1e-6, 1, bias=bias, residual=residual)
+    paddle_ext.enable()
+    out, residual_out = F.fused_rms_norm(x, w, nb, 1e-6, 1, bias=bias, residual=residual)
+    want, want_residual = fused_reference(as_f64(x), as_f64(w), as_f64(nb), as_f64(bias), as_f64(residual), 1e-6, 32)
+    assert out.dtype == x.dtype and residual_out.dtype == x.dtype
+    assert rel(as_f64(out), want) < 2 * TOLERANCE[dtype]
+    assert rel(as_f64(residual_out), want_residual) < TOLERANCE[dtype]
+    if dtype == "float16":  # numpy's float16 adds round each sum to half, as the GPU's half adds
+        h16 = (x.numpy() + residual.numpy()) + bias.numpy()
+        assert np.array_equal(residual_out.numpy(), h16)
+
+
+def test_ops_fused_rms_norm_with_residual_gives_gradients_to_every_input():
+    """paddle_ext's own API differentiates the fused sum (an extension: Paddle's name keeps
+    the GPU kernel's missing backward)."""
+    x, w, nb, bias, residual = fused_inputs([5, 24], 24, seed=3)
+    for t in (x, w, bias, residual):
+        t.stop_gradient = False
+    g = paddle.to_tensor(np.random.default_rng(4).standard_normal([5, 24]).astype("float32"))
+    out, residual_out = ops.fused_rms_norm(x, w, None, 1e-6, 1, bias=bias, residual=residual)
+    paddle.autograd.backward([out], [g])
+    h = as_f64(x) + as_f64(residual) + as_f64(bias)
+    ry, _, rdh, rdw = reference(h, as_f64(w), as_f64(g), 1e-6, 24)
+    assert rel(out.numpy(), ry) < 1e-6 and rel(residual_out.numpy(), h) < 1e-6
+    assert rel(x.grad.numpy(), rdh) < 1e-6 and rel(residual.grad.numpy(), rdh) < 1e-6
+    assert rel(bias.grad.numpy(), rdh.sum(axis=0)) < 1e-6 and rel(w.grad.numpy(), rdw) < 1e-6

@@ -28,6 +28,7 @@ from paddle_ext.ops._checks import (
     dtype_name,
     require_dtype,
     require_tensor,
+    same_place,
 )
 
 FLOAT_DTYPES = ("float32", "float16", "bfloat16")
@@ -61,8 +62,18 @@ def fused_rms_norm_ext(x: Any, scale: Any, epsilon: float = 1e-5, name: str | No
 def fused_rms_norm(x: Any, norm_weight: Any, norm_bias: Any, epsilon: float, begin_norm_axis: int = 1,
                    bias: Any = None, residual: Any = None, quant_scale: float = -1, quant_round_type: int = 0,
                    quant_max_bound: float = 0, quant_min_bound: float = 0) -> tuple[Any, Any]:
-    """Paddle's fused_rms_norm in its plain case: no bias or residual to fuse, no
-    int8 quantisation (those raise ValueError naming the argument).
+    """Paddle's fused_rms_norm without int8 quantisation (quant_scale > 0 raises
+    ValueError naming it), with the semantics of Paddle's GPU kernel (RmsNormKernel,
+    paddle/phi/kernels/gpu/rms_norm_kernel.cu at 02a5e4e0, registered as
+    fused_rms_norm_quant on 3.3; its AVX-512 CPU kernel, RmsNormAvxKernel in
+    paddle/phi/kernels/fusion/cpu/fused_rms_norm_quant_avx_kernel.cc, agrees):
+
+    - no residual: out = norm(x) * norm_weight (+ norm_bias); a bias is ignored, as
+      both kernels ignore it without a residual (the residual branch is the only one
+      that reads it);
+    - a residual: h = (x + residual) + bias, each add rounded to x's dtype
+      (ResidualAddBiasLoad adds in the data type, left to right);
+      residual_out = h and out = norm(h) * norm_weight (+ norm_bias).
 
     Args:
         x: float32, float16 or bfloat16 CPU tensor; the dimensions from
@@ -71,17 +82,18 @@ def fused_rms_norm(x: Any, norm_weight: Any, norm_bias: Any, epsilon: float, beg
             added after the scaling.
         epsilon: added to the mean square (finite, >= 0).
         begin_norm_axis: in [-x.ndim, x.ndim).
+        bias: None, or (read only with a residual) cols elements of x's dtype.
+        residual: None, or x's shape and dtype.
 
     Returns:
-        (out, residual_out): out of x's shape and dtype; residual_out an
-        uninitialised tensor, as Paddle returns without a residual.
+        (out, residual_out): out of x's shape and dtype; residual_out h with a
+        residual, else an uninitialised tensor, as Paddle returns. Gradients reach
+        every input here (paddle_ext's own API; through Paddle's name the patch
+        unit keeps the GPU kernel's lack of a backward with bias or residual).
     """
     import paddle
 
     del quant_round_type, quant_max_bound, quant_min_bound
-    for arg, value in (("bias", bias), ("residual", residual)):
-        if value is not None:
-            raise InvalidArgumentError(f"{arg} must be None: paddle_ext's fused_rms_norm does not fuse a {arg} add")
     if quant_scale > 0:
         raise InvalidArgumentError(f"quant_scale must be <= 0 (no int8 output), got {quant_scale!r}")
     _check_inputs(x, "norm_weight", norm_weight)
@@ -96,6 +108,9 @@ def fused_rms_norm(x: Any, norm_weight: Any, norm_bias: Any, epsilon: float, beg
         if t.ndim != 1 or int(t.shape[0]) != cols:
             raise InvalidArgumentError(f"{arg} must be 1-D [{cols}] (the size of x's dimensions from begin_norm_axis="
                              f"{begin_norm_axis} on), got shape {list(t.shape)}")
+    residual_out = paddle.Tensor()
+    if residual is not None:
+        x = residual_out = _residual_sum(x, residual, bias, cols)
     if norm_bias is None:
         out, _ = _normalise(x, norm_weight, cols, eps)
     else:
@@ -103,7 +118,38 @@ def fused_rms_norm(x: Any, norm_weight: Any, norm_bias: Any, epsilon: float, beg
         # (Paddle's CPU build has no float16 / bfloat16 add either).
         out, _ = _normalise(x, norm_weight.astype("float32"), cols, eps)
         out = (out.reshape([-1, cols]) + norm_bias.astype("float32")).astype(x.dtype).reshape(x.shape)
-    return out, paddle.Tensor()
+    return out, residual_out
+
+
+def _residual_sum(x, residual, bias, cols):
+    """(x + residual) + bias in x's dtype, one rounding per add, as the GPU kernel's
+    ResidualAddBiasLoad (rms_norm_kernel.cu) sums them. Half-precision adds go through
+    float32 (Paddle's CPU build has no float16 / bfloat16 add): 24 bits >= 2 * 11 + 2,
+    so each rounded float32 sum rounds to the correctly rounded half sum. New tensors:
+    nothing the caller passed is written."""
+    for arg, t in (("residual", residual), ("bias", bias)):
+        if t is None:
+            continue
+        require_tensor(arg, t)
+        if dtype_name(t) != dtype_name(x):
+            raise ArgumentTypeError(f"{arg} must have x's dtype {dtype_name(x)}, got {dtype_name(t)}")
+        if not same_place(t, x):
+            raise InvalidArgumentError(f"{arg} must be on x's device {x.place}, got {t.place}")
+    if list(residual.shape) != list(x.shape):
+        raise InvalidArgumentError(f"residual must have x's shape {list(x.shape)}, got {list(residual.shape)}")
+    if bias is not None and int(np.prod(bias.shape)) != cols:
+        raise InvalidArgumentError(f"bias must have {cols} elements (the size of x's normalised dimensions), got "
+                                   f"shape {list(bias.shape)}")
+
+    def add(a, b):
+        if dtype_name(x) == "float32":
+            return a + b
+        return (a.astype("float32") + b.astype("float32")).astype(x.dtype)
+
+    h = add(x, residual)
+    if bias is not None:
+        h = add(h.reshape([-1, cols]), bias.reshape([cols])).reshape(x.shape)
+    return h
 
 
 def paddle_forward_with_plugin_backward(forward: Any, x: Any, norm_weight: Any, norm_bias: Any, epsilon: float,
