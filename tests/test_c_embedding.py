@@ -314,3 +314,25 @@ def test_wide_dtypes_threaded_path_matches_reference(dtype):
     for i in np.nonzero(inside)[0]:  # sequential, in the order of the ids
         grad[local[i]] += out_grad[i]
     np.testing.assert_array_equal(weight.grad.numpy(), grad)
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (5, 0), (0, 0)])
+@pytest.mark.parametrize("ids", [[0, 1], []])
+def test_a_table_without_rows_or_columns_is_refused_as_paddle_refuses_it(shape, ids, clean_series):
+    """Paddle's shape inference (CEmbeddingInferMeta, paddle/phi/infermeta/binary.cc) enforces
+    height > 0 && width > 0 with InvalidArgument (ValueError), on every device."""
+    from paddle_ext import compat
+    from paddle_ext.ops._checks import InvalidArgumentError
+
+    weight = paddle.zeros(list(shape))
+    id_tensor = paddle.to_tensor(np.array(ids, dtype="int64"))
+    pattern = rf"weight must have rows >= 1 and columns >= 1 .*got shape \[{shape[0]}, {shape[1]}\]"
+    with pytest.raises(InvalidArgumentError, match=pattern):
+        ops.c_embedding(weight, id_tensor, vocab_size=10)
+    lookup = lambda: compat.mp_ops_module()._c_lookup_table(weight, id_tensor, start_index=0)  # noqa: E731
+    with pytest.raises(ValueError, match=r"height:\d+ width:\d+ start_index:0"):
+        lookup()  # stock Paddle
+    clean_series.enable()
+    with pytest.raises(ValueError, match=pattern) as ours:
+        lookup()
+    assert isinstance(ours.value, InvalidArgumentError)

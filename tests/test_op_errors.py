@@ -169,6 +169,8 @@ STOCK_REFUSED = {
     "c_embedding weight not a tensor": lambda: _lookup()(np.ones((5, 2), np.float32), _z([2], "int64")),
     "c_embedding float ids": lambda: _lookup()(_z((5, 2)), _z([2], "float32")),
     "c_embedding int32 weight": lambda: _lookup()(_z((5, 2), "int32"), _z([2], "int64")),
+    "c_embedding table of 0 rows": lambda: _lookup()(_z((0, 2)), _z([2], "int64")),
+    "c_embedding table of 0 columns": lambda: _lookup()(_z((5, 0)), _z([2], "int64")),
 }
 
 

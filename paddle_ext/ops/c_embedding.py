@@ -51,6 +51,8 @@ def c_embedding(weight, ids, start_index: int = 0, vocab_size: int = -1):
         complex dtypes give Paddle's bits; float16 / bfloat16 sum in float32).
 
     Raises:
+        InvalidArgumentError (a ValueError): weight has no rows or no columns,
+            which Paddle's shape inference refuses on every device.
         IndexError: an id is outside [0, vocab_size); the message names the id,
             its position in ids and the range.
     """
@@ -59,6 +61,7 @@ def c_embedding(weight, ids, start_index: int = 0, vocab_size: int = -1):
     require_ndim("weight", weight, 2)
     require_dtype("weight", weight, TABLE_DTYPES)
     require_dtype("ids", ids, ID_DTYPES)
+    _require_nonempty_table(weight)
     require_int("start_index", start_index, low=0)
     require_int("vocab_size", vocab_size)
     if not same_place(weight, ids):
@@ -75,3 +78,15 @@ def c_embedding(weight, ids, start_index: int = 0, vocab_size: int = -1):
             f"c_embedding: ids{list(where)} = {bad_id} is out of range: ids must lie in "
             f"[0, vocab_size) = [0, {vocab_size})") from None
     return out
+
+
+def _require_nonempty_table(weight) -> None:
+    """weight needs a row and a column: Paddle's CEmbeddingInferMeta
+    (paddle/phi/infermeta/binary.cc) enforces `height > 0 && width > 0` with
+    InvalidArgument (ValueError) before any kernel, on CPU and GPU alike. A static
+    program's unknown dimension (-1) is left to the executor."""
+    rows, width = (int(d) for d in weight.shape)
+    if rows == 0 or width == 0:
+        raise InvalidArgumentError(
+            f"weight must have rows >= 1 and columns >= 1 (Paddle's c_embedding refuses an empty table), got "
+            f"shape {list(weight.shape)}")
