@@ -14,7 +14,9 @@ A call the plugin refuses goes to Paddle's own function in dynamic mode (on a
 GPU, Paddle's kernel takes k / v with a larger batch than q, leaving the rest
 of their output unwritten, and rotary_emb_base <= 0, giving NaN / inf angles;
 on CPU it has no kernel, so the plugin's error stands), as in the
-flash_attention unit (patches/_unit.plugin_else_paddle).
+flash_attention unit (patches/_unit.plugin_else_paddle). On CPU the plugin
+computes a k / v of a larger batch itself, as the GPU kernel does for q's
+batch (the entries it leaves unwritten are zeros).
 
 Code that imported the function before enable() (`from
 paddle.incubate.nn.functional import fused_rotary_position_embedding`) keeps

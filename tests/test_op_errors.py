@@ -85,7 +85,7 @@ VALUE_ERRORS = {
     "rotary table rows": (lambda: ops.fused_rotary_position_embedding(_z(R4), sin=_z((6, 8)), cos=_z((6, 8))),
                           r"sin and cos must have seq_len = 5 rows without position_ids, got shape \[6, 8\]"),
     "rotary k shape": (lambda: ops.fused_rotary_position_embedding(_z(R4), _z((2, 4, 3, 8))),
-                       r"k must match q in batch, seq_len and head_dim"),
+                       r"k must match q in batch >= q's, seq_len and head_dim"),
     "rotary base": (lambda: ops.fused_rotary_position_embedding(_z(R4), rotary_emb_base=0.0),
                     r"rotary_emb_base must be a finite number > 0 when sin and cos are not given"),
     "rotary sin dtype": (lambda: ops.fused_rotary_position_embedding(_z(R4), sin=_z((5, 8), "float64"),

@@ -370,8 +370,10 @@ Q = (2, 5, 3, 8)
         (dict(q=_t((2, 5, 8))), ValueError, r"q must be 4-D \[batch, seq_len, num_heads, head_dim\]"),
         (dict(q=_t(Q, "int64")), TypeError, r"q must have dtype in"),
         (dict(k=_t((2, 5, 1, 8), "float16")), TypeError, r"k must have q's dtype float32, got float16"),
-        (dict(v=_t((2, 4, 3, 8))), ValueError, r"v must match q in batch, seq_len and head_dim"),
-        (dict(k=_t((2, 5, 3, 6))), ValueError, r"k must match q in batch, seq_len and head_dim"),
+        (dict(v=_t((2, 4, 3, 8))), ValueError, r"v must match q in batch >= q's, seq_len and head_dim"),
+        (dict(k=_t((2, 5, 3, 6))), ValueError, r"k must match q in batch >= q's, seq_len and head_dim"),
+        (dict(k=_t((1, 5, 3, 8))), ValueError,
+         r"k must match q in batch >= q's, seq_len and head_dim .*q is \[2, 5, 3, 8\], k is \[1, 5, 3, 8\]"),
         (dict(sin=_t((5, 8)), position_ids=_t((2, 5), "int64")), AssertionError, r"position_ids needs sin and cos"),
         (dict(cos=_t((5, 8)), use_neox_rotary_style=False), AssertionError,
          r"use_neox_rotary_style=False \(rotate_half\) needs sin"),
@@ -493,3 +495,53 @@ def test_patched_function_keeps_paddles_argument_positions(clean_series):
     for a, b in zip(got[:2], want[:2]):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     assert os.environ.get(ISA_ENV) is None
+
+
+# ------------------------------------------------- k / v of a larger batch than q
+
+@pytest.mark.parametrize("time_major", [False, True])
+@pytest.mark.parametrize("with_ids", [False, True])
+@pytest.mark.parametrize("neox", [True, False])
+def test_k_v_of_a_larger_batch_are_rotated_for_qs_batch_as_on_the_gpu(clean_series, time_major, with_ids, neox):
+    """Paddle's GPU kernel (FusedRopeKernel, fused_rope_kernel.cu) enforces only batch(q) <=
+    batch(k) / batch(v) and launches over q's batch: k's and v's first batch(q) entries are
+    rotated with q's positions, the rest left unwritten (zeros here, with zero gradient)."""
+    functional, _ = _paddle_function_owners()
+    rng = np.random.default_rng(hash((time_major, with_ids, neox)) % 2**32)
+    batch, seq, d = 2, 5, 8
+    big = lambda h: rng.standard_normal((seq, 3, h, d) if time_major else (3, seq, h, d)).astype("float32")  # noqa: E731
+    xs, sin_t, cos_t, ids = make_case(rng, batch, seq, (2,), d, time_major, rows=7 if with_ids else None,
+                                      with_ids=with_ids)
+    xs += [big(1), big(3)]
+    tensors = [paddle.to_tensor(x, stop_gradient=False) for x in xs]
+    args = dict(sin=paddle.to_tensor(sin_t), cos=paddle.to_tensor(cos_t), use_neox_rotary_style=neox,
+                time_major=time_major, position_ids=None if ids is None else paddle.to_tensor(ids))
+    with pytest.raises(RuntimeError, match="not registered"):  # stock Paddle: no CPU kernel
+        functional.fused_rotary_position_embedding(*tensors, **args)
+    paddle_ext.enable()
+    outs = functional.fused_rotary_position_embedding(*tensors, **args)
+    grads = [rng.standard_normal(x.shape).astype("float32") for x in xs]
+    paddle.autograd.backward(list(outs), [paddle.to_tensor(g) for g in grads])
+    positions = ids if with_ids else np.broadcast_to(np.arange(seq), (batch, seq))
+    for x, out, g, t in zip(xs, outs, grads, tensors):
+        assert list(out.shape) == list(x.shape)
+        head, tail = to_bshd(x, time_major)[:batch], to_bshd(out.numpy(), time_major)
+        want = rotate_reference(head, sin_t, cos_t, positions, neox)
+        assert max_relative_error(tail[:batch], want) <= 1e-6
+        assert not tail[batch:].any()
+        grad = to_bshd(t.grad.numpy(), time_major)
+        want_grad = rotate_grad_reference(to_bshd(g, time_major)[:batch], sin_t, cos_t, positions, neox)
+        assert max_relative_error(grad[:batch], want_grad) <= 1e-6
+        assert not grad[batch:].any()
+    assert all(np.array_equal(x, t.numpy()) for x, t in zip(xs, tensors))  # inputs untouched
+
+
+def test_k_of_a_smaller_batch_is_refused_as_the_gpu_kernel_refuses_it(clean_series):
+    """The GPU kernel's PADDLE_ENFORCE_LE(batch(q), batch(k)) is an InvalidArgument (ValueError)."""
+    from paddle_ext.ops._checks import InvalidArgumentError
+
+    functional, _ = _paddle_function_owners()
+    paddle_ext.enable()
+    with pytest.raises(InvalidArgumentError, match=r"k must match q in batch >= q's") as err:
+        functional.fused_rotary_position_embedding(_t((3, 5, 2, 8)), _t((2, 5, 2, 8)))
+    assert isinstance(err.value, ValueError)

@@ -20,9 +20,15 @@ A lone sin or cos is ignored, as Paddle's kernels ignore it (they read the
 tables only when both are given): the angles come from rotary_emb_base, and
 Paddle's wrapper's rules for a call without tables hold (position_ids and
 use_neox_rotary_style=False raise). Where Paddle's kernel reads out of bounds
-or leaves output unwritten, this raises instead: k or v with another batch or
-seq_len than q (Paddle accepts a larger batch and leaves the rest of the
-output unwritten), position ids outside the tables. Bad arguments raise paddle_ext.ops._checks' errors, which
+or leaves output unwritten, this raises instead: k or v with another seq_len
+than q, or a smaller batch, position ids outside the tables. A k or v with a
+larger batch than q, which Paddle's GPU kernel takes (FusedRopeKernel,
+paddle/phi/kernels/fusion/gpu/fused_rope_kernel.cu, enforces only
+batch(q) <= batch(k), then launches over q's batch), is rotated for q's batch
+as there; the rest of its output, which the GPU kernel leaves unwritten, is
+zeros here, and gets zero gradient (CPU tensors in dynamic mode: on a GPU
+tensor the call is refused, so that the patch unit hands it to Paddle's own
+kernel). Bad arguments raise paddle_ext.ops._checks' errors, which
 are also what Paddle raises for them: InvalidArgumentError is both the
 AssertionError Paddle's wrapper raises (position_ids or rotate-half without
 tables) and the ValueError of its shape checks.
@@ -62,6 +68,9 @@ def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, posit
             time_major=True), float32, float16, bfloat16 or float64; head_dim even.
         k, v: optional, like q with the same batch, seq_len, head_dim and dtype;
             num_heads may differ (grouped-query attention). v is rotated too.
+            On CPU in dynamic mode the batch may be larger than q's (as
+            Paddle's GPU kernel allows): the entries past q's batch come out
+            as zeros (the GPU kernel leaves them unwritten).
         sin, cos: optional, together, q's dtype, [rows, head_dim] or
             [1, rows, 1, head_dim]; rows = seq_len, or >= seq_len with
             position_ids. Without them (or with only one of them, which is
@@ -135,6 +144,7 @@ def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, posit
             position_ids = position_ids.astype("int64")
 
     tables = [None if t is None else contiguous(t) for t in (sin, cos, position_ids)]
+    batch_axis = 1 if time_major else 0
     attrs = (bool(use_neox_rotary_style), bool(time_major), base)
     outs = []
     checked = position_ids is None
@@ -142,11 +152,16 @@ def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, posit
         if t is None:
             outs.append(None)
             continue
-        if 0 in t.shape:  # nothing to rotate (and 2.6's custom-op runner refuses empty outputs)
+        if 0 in t.shape or batch == 0:  # nothing to rotate (and 2.6's custom-op runner refuses empty outputs)
             import paddle
 
             outs.append(paddle.zeros_like(t))
             continue
+        whole, extra = t, int(t.shape[batch_axis]) - batch
+        if extra:  # a k / v of a larger batch: q's batch is rotated, as on the GPU
+            import paddle
+
+            t = paddle.slice(t, axes=[batch_axis], starts=[0], ends=[batch])
         try:  # the kernel checks the position ids with the first tensor it rotates
             (out,) = _library.run("pe_rotary", contiguous(t), *tables, *attrs, not checked)
         except Exception as err:  # the kernel's PD_CHECK arrives as OSError (3.x) or another type
@@ -160,6 +175,10 @@ def fused_rotary_position_embedding(q, k=None, v=None, sin=None, cos=None, posit
                 f"position_ids{where} = {value} is out of range: position ids must lie in [0, rows) = "
                 f"[0, {rows}), the rows of sin and cos") from None
         checked = True
+        if extra:
+            rest = list(whole.shape)
+            rest[batch_axis] = extra
+            out = paddle.concat([out, paddle.zeros(rest, dtype=whole.dtype)], axis=batch_axis)
         outs.append(out)
     return tuple(outs)
 
@@ -199,10 +218,23 @@ def _check_like_q(name, t, q, time_major):
     _require_4d(name, t, time_major)
     require_same_dtype(name, t, "q", q)
     shape, q_shape = list(t.shape), list(q.shape)
-    if shape[0] != q_shape[0] or shape[1] != q_shape[1] or shape[3] != q_shape[3]:
-        raise InvalidArgumentError(f"{name} must match q in batch, seq_len and head_dim (num_heads may differ): "
+    b = 1 if time_major else 0
+    larger_batch = shape[b] > q_shape[b] and _larger_batch_served(q)
+    if (shape[b] != q_shape[b] and not larger_batch) or shape[1 - b] != q_shape[1 - b] or shape[3] != q_shape[3]:
+        batch_rule = ("batch >= q's" if _larger_batch_served(q) else "batch") + ", seq_len and head_dim"
+        raise InvalidArgumentError(f"{name} must match q in {batch_rule} (num_heads may differ): "
                                    f"q is {q_shape}, {name} is {shape}")
     _require_same_place(name, t, q)
+
+
+def _larger_batch_served(q) -> bool:
+    """Whether a k / v of a larger batch than q is computed here: for CPU tensors in
+    dynamic mode, where Paddle has no kernel. A GPU tensor's call is refused, so that
+    the patch unit hands it to Paddle's own kernel (which leaves the extra entries
+    unwritten); a static program's shapes may not be known."""
+    from paddle_ext import compat
+
+    return compat.in_dynamic_mode() and q.place.is_cpu_place()
 
 
 def _check_table(name, t, q, head_dim):
