@@ -97,7 +97,7 @@ def test_half_precision_weights(dtype):
 
 def test_without_vocab_size_ids_outside_the_slice_give_zeros():
     table = np.ones((4, 2), dtype="float32")
-    ids = np.array([-1, 0, 3, 7, 100], dtype="int64")
+    ids = np.array([1, 0, 3, 7, 100], dtype="int64")  # ids must still be >= 0 (Paddle's GPU kernel)
     out = ops.c_embedding(paddle.to_tensor(table), paddle.to_tensor(ids), start_index=3)
     np.testing.assert_array_equal(out.numpy(), [[0, 0], [0, 0], [1, 1], [0, 0], [0, 0]])
 
@@ -133,12 +133,36 @@ def test_rows_past_vocab_size_are_looked_up_as_paddles_gpu_kernel_does(clean_ser
 
 
 @pytest.mark.parametrize("vocab_size", [-1, -7])
-def test_negative_vocab_size_checks_nothing(vocab_size):
-    # Paddle's GPU kernel: `vocab_size < 0 || id < vocab_size`
+def test_negative_vocab_size_lifts_only_the_upper_bound(vocab_size):
+    # Paddle's GPU kernel: `id >= 0 && (vocab_size < 0 || id < vocab_size)`
     table = np.ones((4, 2), dtype="float32")
     out = ops.c_embedding(paddle.to_tensor(table), paddle.to_tensor(np.array([5, 100, 3])), start_index=3,
                           vocab_size=vocab_size)
     np.testing.assert_array_equal(out.numpy(), [[1, 1], [0, 0], [1, 1]])
+
+
+@pytest.mark.parametrize("id_dtype", ["int32", "int64"])
+@pytest.mark.parametrize("vocab_size", [-1, -7])
+def test_negative_id_with_negative_vocab_size_raises_as_paddles_gpu_kernel(clean_series, vocab_size, id_dtype):
+    """Paddle's GPU kernel (paddle/phi/kernels/gpu/c_embedding_kernel.cu, CEmbedding) enforces
+    `id >= 0 && (vocab_size < 0 || id < vocab_size)`: a negative id fails whatever vocab_size;
+    its CPU kernel gives zeros there (the reference is the GPU kernel's)."""
+    from paddle_ext import compat
+
+    table = paddle.to_tensor(np.arange(10, dtype="float32").reshape(5, 2))
+    ids = paddle.to_tensor(np.array([[1, 4], [-3, 2]], dtype=id_dtype))
+    pattern = (rf"ids\[1, 0\] = -3 is out of range: ids must lie in \[0, inf\) "
+               rf"\(vocab_size = {vocab_size} < 0 lifts only the upper bound\)")
+    with pytest.raises(IndexError, match=pattern):
+        ops.c_embedding(table, ids, vocab_size=vocab_size)
+
+    def lookup():
+        return compat.mp_ops_module()._c_lookup_table(table, ids, start_index=0, vocab_size=vocab_size)
+
+    np.testing.assert_array_equal(lookup().numpy(), [[[2, 3], [8, 9]], [[0, 0], [4, 5]]])  # stock CPU: zeros
+    clean_series.enable()
+    with pytest.raises(IndexError, match=pattern):
+        lookup()
 
 
 def test_vocab_size_zero_refuses_every_id():

@@ -5,8 +5,9 @@
 //
 // Semantics (Paddle's c_embedding): row r of this rank's table slice holds
 // vocabulary id start + r; ids in [start, start + rows) take that row, all
-// other ids give zeros. The check (Paddle's GPU kernel's): with vocab_size
-// >= 0 every id must lie in [0, vocab_size); start + rows may exceed it.
+// other ids give zeros. The check (Paddle's GPU kernel's, `id >= 0 &&
+// (vocab_size < 0 || id < vocab_size)`): every id must be >= 0, and < vocab_size
+// when vocab_size >= 0; start + rows may exceed vocab_size.
 //
 // Tables: every dtype Paddle's c_embedding kernels take (float32, float64,
 // float16, bfloat16, complex64, complex128). The forward copies raw row bytes,
@@ -34,6 +35,10 @@ struct BadId {
   int64_t position = -1;  // -1: all ids in range
   int64_t id = 0;
 };
+
+// The exclusive upper bound of valid ids: vocab_size, or none (INT64_MAX) for a
+// negative vocab_size, which lifts only the upper bound (ids stay >= 0).
+inline int64_t id_limit(int64_t vocab_size) { return vocab_size < 0 ? INT64_MAX : vocab_size; }
 
 template <typename IdT>
 BadId find_out_of_range_cpu(const IdT* ids, int64_t n, int64_t vocab_size);

@@ -4,7 +4,8 @@ The lookup of a vocabulary-parallel embedding: this rank holds rows
 [start_index, start_index + rows) of a table of vocab_size rows; ids in that
 range take their row, all other ids give zeros (another rank owns them, and an
 all-reduce over the model-parallel group completes the lookup). Unlike stock
-Paddle's CPU kernel, an id outside [0, vocab_size) raises instead of giving
+Paddle's CPU kernel, an id outside [0, vocab_size) (a negative id, for a
+negative vocab_size) raises, as Paddle's GPU kernel does, instead of giving
 silent zeros.
 """
 
@@ -38,8 +39,10 @@ def c_embedding(weight, ids, start_index: int = 0, vocab_size: int = -1):
             complex128; rows of the table from start_index on.
         ids: int32 or int64 of any shape.
         start_index: the vocabulary id of weight's first row (>= 0).
-        vocab_size: rows of the whole table; negative (-1, the default) skips
-            the range check, otherwise every id must lie in [0, vocab_size).
+        vocab_size: rows of the whole table; every id must lie in [0,
+            vocab_size), or, with a negative vocab_size (-1, the default), be
+            >= 0 (Paddle's GPU kernel checks `id >= 0 && (vocab_size < 0 ||
+            id < vocab_size)`; its CPU kernel checks nothing).
             As in Paddle's GPU kernel, weight's rows need not fit inside it
             (start_index + rows may exceed vocab_size): ids in [start_index,
             start_index + rows) take their row either way.
@@ -53,8 +56,9 @@ def c_embedding(weight, ids, start_index: int = 0, vocab_size: int = -1):
     Raises:
         InvalidArgumentError (a ValueError): weight has no rows or no columns,
             which Paddle's shape inference refuses on every device.
-        IndexError: an id is outside [0, vocab_size); the message names the id,
-            its position in ids and the range.
+        IndexError: an id is negative or (vocab_size >= 0) not below
+            vocab_size; the message names the id, its position in ids and the
+            range.
     """
     require_tensor("weight", weight)
     require_tensor("ids", ids)
@@ -74,9 +78,9 @@ def c_embedding(weight, ids, start_index: int = 0, vocab_size: int = -1):
             raise
         bad_id, flat = int(match.group(1)), int(match.group(2))
         where = tuple(int(i) for i in np.unravel_index(flat, tuple(ids.shape))) if ids.ndim else ()
-        raise IndexError(
-            f"c_embedding: ids{list(where)} = {bad_id} is out of range: ids must lie in "
-            f"[0, vocab_size) = [0, {vocab_size})") from None
+        allowed = (f"[0, vocab_size) = [0, {vocab_size})" if vocab_size >= 0 else
+                   f"[0, inf) (vocab_size = {vocab_size} < 0 lifts only the upper bound)")
+        raise IndexError(f"c_embedding: ids{list(where)} = {bad_id} is out of range: ids must lie in {allowed}") from None
     return out
 
 

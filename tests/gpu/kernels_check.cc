@@ -688,6 +688,9 @@ void run_c_embedding_case(FloatKind kind, int64_t rows, int64_t width, int64_t s
   ids[n - 1] = static_cast<IdT>(vocab);
   const ce::BadId bad = ce::find_out_of_range_cpu(ids.data(), n, vocab);
   ok &= bad.position == n / 2 && bad.id == -7;
+  // a negative vocab_size lifts only the upper bound (Paddle's GPU kernel's check)
+  const ce::BadId negative = ce::find_out_of_range_cpu(ids.data(), n, int64_t{-1});
+  ok &= negative.position == n / 2 && negative.id == -7;
   result("c_embed", name, err, NAN,
          std::string("fwd ") + (out == expect ? "exact" : "DIFFERS") + ", id check at " + std::to_string(bad.position) +
              (have_gpu ? "; gpu: device_probe" : ""),

@@ -150,10 +150,15 @@ def test_out_of_range_id_raises_index_error_naming_the_first(id_dtype, bad):
         c_embedding(weight, _tensor(ids), start_index=0, vocab_size=64)
 
 
-def test_no_check_without_vocab_size():
-    # vocab_size=-1 skips the check: ids outside the slice, even negative, give zeros.
+def test_negative_vocab_size_checks_only_the_lower_bound():
+    # vocab_size=-1 lifts the upper bound: ids outside the slice give zeros; a negative id
+    # still raises, as in Paddle's GPU kernel (`id >= 0 && (vocab_size < 0 || id < vocab_size)`).
+    from paddle_ext.ops import c_embedding
+
     weight = np.arange(12, dtype=np.float32).reshape(3, 4)
-    ids = np.array([-5, 2, 3, 4, 99], np.int64)
+    ids = np.array([0, 2, 3, 4, 99], np.int64)
     out, grad = _run(weight, ids, 2, -1, np.ones((5, 4), np.float32))
     np.testing.assert_array_equal(out, _reference_forward(weight, ids, 2).astype(np.float32))
     np.testing.assert_array_equal(grad, _reference_backward(3, ids, np.ones((5, 4)), 2).astype(np.float32))
+    with pytest.raises(IndexError, match=r"ids\[2\] = -5 is out of range: ids must lie in \[0, inf\)"):
+        c_embedding(_tensor(weight), _tensor(np.array([0, 2, -5, -1], np.int64)), start_index=2, vocab_size=-1)

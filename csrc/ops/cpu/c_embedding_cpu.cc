@@ -21,17 +21,19 @@ constexpr int64_t kRowsPerTask = 64;
 
 template <typename IdT>
 BadId find_out_of_range_cpu(const IdT* ids, int64_t n, int64_t vocab_size) {
-  if (vocab_size < 0) return {};  // Paddle: a negative vocab_size checks nothing; 0 refuses every id
+  // Paddle's GPU kernel: `id >= 0 && (vocab_size < 0 || id < vocab_size)`: a negative
+  // vocab_size lifts only the upper bound; 0 refuses every id.
+  const int64_t limit = id_limit(vocab_size);
   // Branch-free scan first (the common case is all in range), then locate.
   bool bad = false;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t id = static_cast<int64_t>(ids[i]);
-    bad |= (id < 0) | (id >= vocab_size);
+    bad |= (id < 0) | (id >= limit);
   }
   if (!bad) return {};
   for (int64_t i = 0; i < n; ++i) {
     const int64_t id = static_cast<int64_t>(ids[i]);
-    if (id < 0 || id >= vocab_size) return {i, id};
+    if (id < 0 || id >= limit) return {i, id};
   }
   return {};
 }

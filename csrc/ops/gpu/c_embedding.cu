@@ -115,10 +115,11 @@ __device__ __forceinline__ int64_t thread_stride() {
 
 template <typename IdT>
 __global__ void __launch_bounds__(kThreads)
-    find_out_of_range_kernel(const IdT* ids, int64_t n, int64_t vocab_size, unsigned long long* first) {
+    find_out_of_range_kernel(const IdT* ids, int64_t n, int64_t limit, unsigned long long* first) {
+  // limit: id_limit(vocab_size), so a negative vocab_size still refuses negative ids
   for (int64_t i = first_thread(); i < n; i += thread_stride()) {
     const int64_t id = static_cast<int64_t>(ids[i]);
-    if (id < 0 || id >= vocab_size) {
+    if (id < 0 || id >= limit) {
       atomicMin(first, static_cast<unsigned long long>(i));
       return;  // this thread's later positions are larger
     }
@@ -324,12 +325,12 @@ size_t align_up(size_t bytes) { return (bytes + 255) / 256 * 256; }
 
 template <typename IdT>
 BadId find_out_of_range_gpu(const IdT* ids, int64_t n, int64_t vocab_size, void* stream) {
-  if (vocab_size < 0 || n <= 0) return {};
+  if (n <= 0) return {};
   const Stream s = as_stream(stream);
   Scratch scratch(2 * sizeof(unsigned long long), s);
   unsigned long long* result = scratch.as<unsigned long long>();
   PADDLE_EXT_GPU_CHECK(gpu::memset_async(result, 0xff, 2 * sizeof(unsigned long long), s));
-  find_out_of_range_kernel<IdT><<<blocks_for(n), kThreads, 0, s>>>(ids, n, vocab_size, result);
+  find_out_of_range_kernel<IdT><<<blocks_for(n), kThreads, 0, s>>>(ids, n, id_limit(vocab_size), result);
   check_launch();
   fetch_bad_id_kernel<IdT><<<1, 1, 0, s>>>(ids, result);
   check_launch();
