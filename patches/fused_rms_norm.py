@@ -171,7 +171,19 @@ def _fused_without_backward(x, bias, residual, norm_weight, norm_bias, epsilon, 
         # as Paddle's outputs there (a custom op's output under no_grad would want a gradient)
         out.stop_gradient = residual_out.stop_gradient = True
         return out, residual_out
-    return _no_backward_layer().apply(forward, *inputs)
+    if residual is not None:
+        return tuple(_no_backward_layer().apply(forward, *inputs))
+    # Without a residual, residual_out is an unwritten tensor, which 2.6's PyLayer
+    # cannot return: it stays outside the layer.
+    unwritten = []
+
+    def out_only():
+        out, residual_out = forward()
+        unwritten.append(residual_out)
+        return out
+
+    out = _no_backward_layer().apply(out_only, *inputs)
+    return out, unwritten[0]
 
 
 _NO_BACKWARD = None

@@ -125,8 +125,9 @@ def _residual_sum(x, residual, bias, cols):
     """(x + residual) + bias in x's dtype, one rounding per add, as the GPU kernel's
     ResidualAddBiasLoad (rms_norm_kernel.cu) sums them. Half-precision adds go through
     float32 (Paddle's CPU build has no float16 / bfloat16 add): 24 bits >= 2 * 11 + 2,
-    so each rounded float32 sum rounds to the correctly rounded half sum. New tensors:
-    nothing the caller passed is written."""
+    so each rounded float32 sum rounds to the correctly rounded half sum (where the
+    cast rounds to nearest: 2.6.2's CPU float32 -> float16 cast truncates). New
+    tensors: nothing the caller passed is written."""
     for arg, t in (("residual", residual), ("bias", bias)):
         if t is None:
             continue
