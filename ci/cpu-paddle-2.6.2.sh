@@ -5,9 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 work=build/ci/cpu-paddle-2.6.2
-mkdir -p "$work/src"
-tar --exclude=./build --exclude='./.venv*' --exclude=./paddle_ext/lib --exclude='*.so' \
-    --exclude=./.git --exclude='*/__pycache__' -cf - . | tar -xf - -C "$work/src"
+source ci/lib/tree_copy.sh
+tree_copy "$work/src"
 # A declared subset: everything that touches Paddle. Left to the 3.3.1 leg, because they
 # import no Paddle and so cannot differ between releases: tests/pipeline (the pure-Python
 # schedule layer) and the allocator's sanitizer builds (C++ only).

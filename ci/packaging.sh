@@ -20,8 +20,9 @@ started=$SECONDS
 work=$PWD/build/ci/packaging
 src=$work/src
 rm -rf "$work"
-mkdir -p "$src" "$work/logs"
-git ls-files -z --cached --others --exclude-standard | tar --null -T - -cf - | tar -xf - -C "$src"
+mkdir -p "$work/logs"
+source ci/lib/tree_copy.sh
+tree_copy "$src"
 python=${PYTHON:-python3}
 
 say() { echo "packaging [$((SECONDS - started)) s]: $*"; }
