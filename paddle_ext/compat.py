@@ -71,9 +71,31 @@ def _custom_op_runner():
 
 
 def run_custom_op(op_name: str, *args: Any) -> list:
-    """Runs a registered custom op eagerly; always returns the list of outputs."""
+    """Runs a registered custom op eagerly; always returns the list of outputs.
+
+    Under `paddle.no_grad()` the tensor arguments go in detached. Paddle's custom-op
+    runner (2.6.2 and 3.x) builds the op's grad node whenever an input wants a
+    gradient, whatever the grad mode: its outputs came back wanting gradients and
+    holding the saved inputs, and a later backward through them reached tensors
+    computed under no_grad (a frozen reference model's parameters, say). Paddle's own
+    ops record nothing there, and the plugin serves Paddle's names."""
+    import paddle
+
+    if paddle.in_dynamic_mode() and not paddle.is_grad_enabled():
+        args = tuple(_without_grad(a) for a in args)
     outs = _custom_op_runner()(op_name, *args)
     return list(outs) if isinstance(outs, (list, tuple)) else [outs]
+
+
+def _without_grad(arg: Any) -> Any:
+    """A tensor argument (or a list of them) detached; anything else as it is."""
+    import paddle
+
+    if isinstance(arg, paddle.Tensor):
+        return arg.detach() if not arg.stop_gradient else arg
+    if isinstance(arg, (list, tuple)) and any(isinstance(a, paddle.Tensor) for a in arg):
+        return type(arg)(_without_grad(a) for a in arg)
+    return arg
 
 
 def register_custom_op_library(path: str) -> None:
