@@ -497,6 +497,50 @@ def test_patched_function_keeps_paddles_argument_positions(clean_series):
     assert os.environ.get(ISA_ENV) is None
 
 
+def test_a_function_imported_before_enable_reaches_the_plugin(clean_series):
+    """PaddleFormers' ERNIE 4.5 models import the function at their own import time
+    (`... import fused_rotary_position_embedding as fused_rope`); what they hold is
+    Paddle's function, which calls paddle._C_ops' op: the unit patches that too."""
+    functional, _ = _paddle_function_owners()
+    early = functional.fused_rotary_position_embedding  # Paddle's own function
+    rng = np.random.default_rng(11)
+    xs, sin_t, cos_t, ids = make_case(rng, 2, 5, (3, 1), 8, False, with_ids=True)
+    q, k = (paddle.to_tensor(x) for x in xs)
+    sin, cos, pos = paddle.to_tensor(sin_t), paddle.to_tensor(cos_t), paddle.to_tensor(ids)
+    with pytest.raises(RuntimeError, match="not registered"):  # stock CPU: no kernel
+        early(q, k, None, sin, cos, pos, False)
+    paddle_ext.enable()
+    out_q, out_k, out_v = early(q, k, None, sin, cos, pos, False)
+    assert out_v is None
+    for got, x in ((out_q, xs[0]), (out_k, xs[1])):
+        assert max_relative_error(got.numpy(), rotate_reference(x, sin_t, cos_t, ids, False)) < 1e-6
+    # Paddle's own assertion still comes first (rotate-half without tables)
+    with pytest.raises(AssertionError, match="rotate_half"):
+        early(q, use_neox_rotary_style=False)
+    paddle_ext.disable()
+    with pytest.raises(RuntimeError, match="not registered"):
+        early(q, k, None, sin, cos, pos, False)
+
+
+def test_static_programs_on_gpu_builds_keep_paddles_op(clean_series, monkeypatch):
+    """Which calls the plugin serves (the unit's plugin_serves): CPU tensors in dynamic
+    mode and static programs on CPU builds; on a GPU build a static program keeps
+    Paddle's op, whose GPU kernel answers (GPU tensors in dynamic mode likewise:
+    tests/gpu/test_rotary_gpu.py checks Paddle's bits through the name there)."""
+    from paddle_ext import compat
+    from paddle_ext.patches import fused_rotary as unit
+
+    q = paddle.to_tensor(np.ones((1, 3, 2, 4), "float32"))
+    assert unit.plugin_serves(q)
+    paddle.enable_static()
+    try:
+        assert unit.plugin_serves(None) == (compat.device_build() == "cpu")
+        monkeypatch.setattr(compat, "device_build", lambda: "cuda")
+        assert not unit.plugin_serves(None)
+    finally:
+        paddle.disable_static()
+
+
 # ------------------------------------------------- k / v of a larger batch than q
 
 @pytest.mark.parametrize("time_major", [False, True])

@@ -150,3 +150,35 @@ def test_huge_head_dim_fails_cleanly():
     q = paddle.to_tensor(np.zeros((1, 2, 1, 4096), np.float32), place=gpu)
     with pytest.raises(Exception, match="shared memory"):
         fused_rotary_position_embedding(q)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_paddles_name_keeps_paddles_gpu_kernel(dtype):
+    """With the plugin enabled, Paddle's function name on GPU tensors gives Paddle's own
+    kernel's bits (the unit serves CPU tensors only; the plugin's CUDA kernel computes
+    float32 in double and would change them), through the package attribute and
+    through the function as imported before enable()."""
+    import paddle
+    import paddle.incubate.nn.functional as functional
+
+    import paddle_ext
+
+    gpu, _ = _places()
+    rng = np.random.default_rng(3)
+    xs, sin_t, cos_t, ids = make_case(rng, 2, 16, (4, 2), 64, False, with_ids=True)
+
+    def tensor(a):
+        return paddle.to_tensor(a, place=gpu).astype(dtype)
+
+    args = ([tensor(x) for x in xs] + [None, tensor(sin_t), tensor(cos_t), paddle.to_tensor(ids, place=gpu)])
+    paddle_ext.disable()
+    early = functional.fused_rotary_position_embedding
+    stock = [t.astype("float32").numpy() for t in early(*args)[:2]]
+    paddle_ext.enable()
+    try:
+        for fn in (functional.fused_rotary_position_embedding, early):
+            got = [t.astype("float32").numpy() for t in fn(*args)[:2]]
+            for g, s in zip(got, stock):
+                np.testing.assert_array_equal(g, s)
+    finally:
+        paddle_ext.disable()
