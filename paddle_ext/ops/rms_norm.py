@@ -27,6 +27,7 @@ from paddle_ext.ops._checks import (
     InvalidArgumentError,
     dtype_name,
     require_dtype,
+    require_same_dtype,
     require_tensor,
     same_place,
 )
@@ -103,8 +104,7 @@ def fused_rms_norm(x: Any, norm_weight: Any, norm_bias: Any, epsilon: float, beg
         if t is None:
             continue
         require_tensor(arg, t)
-        if dtype_name(t) != dtype_name(x):
-            raise ArgumentTypeError(f"{arg} must have x's dtype {dtype_name(x)}, got {dtype_name(t)}")
+        require_same_dtype(arg, t, "x", x)
         if t.ndim != 1 or int(t.shape[0]) != cols:
             raise InvalidArgumentError(f"{arg} must be 1-D [{cols}] (the size of x's dimensions from begin_norm_axis="
                              f"{begin_norm_axis} on), got shape {list(t.shape)}")
@@ -132,8 +132,7 @@ def _residual_sum(x, residual, bias, cols):
         if t is None:
             continue
         require_tensor(arg, t)
-        if dtype_name(t) != dtype_name(x):
-            raise ArgumentTypeError(f"{arg} must have x's dtype {dtype_name(x)}, got {dtype_name(t)}")
+        require_same_dtype(arg, t, "x", x)
         if not same_place(t, x):
             raise InvalidArgumentError(f"{arg} must be on x's device {x.place}, got {t.place}")
     if list(residual.shape) != list(x.shape):
