@@ -6,8 +6,9 @@
 # with the pyarrow<26 / numpy<=1.26.4 pins), to that venv, so nothing is rebuilt; `make setup`
 # first is a no-op there and sets the venv up when the leg runs alone. Then the Trainer parity
 # tests (tests/multiproc/test_paddleformers.py: configs a-g (g: use_dualpipev), the split-row-sum run, evaluate(),
-# resume_from_checkpoint) and the unit that lifts PaddleFormers' dp-overlap refusal (the main
-# leg runs both skipped: no PaddleFormers there).
+# resume_from_checkpoint), the unit that lifts PaddleFormers' dp-overlap refusal and
+# PaddleFormers' attention functions imported before enable() (tests/test_paddleformers_*.py;
+# the main leg runs them skipped: no PaddleFormers there).
 # The user's path, `pip install ".[paddleformers]"`, installs the same list plus the plugin.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,4 +30,4 @@ import numpy, paddle, pyarrow, paddleformers.trainer
 assert paddle.__version__ == '3.3.1', paddle.__version__
 print('paddleformers', paddleformers.__version__, 'paddle', paddle.__version__, 'numpy', numpy.__version__,
       'pyarrow', pyarrow.__version__)"
-"$py" -m pytest -q -rs tests/multiproc/test_paddleformers.py tests/test_paddleformers_overlap.py
+"$py" -m pytest -q -rs tests/multiproc/test_paddleformers.py tests/test_paddleformers_*.py

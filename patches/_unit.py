@@ -4,6 +4,8 @@ plugin_else_paddle, the rule by which a unit's wrapper refuses nothing Paddle ac
 from __future__ import annotations
 
 import functools
+import sys
+import types
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -16,14 +18,24 @@ class Patcher:
 
     def __init__(self) -> None:
         self._undo: list[tuple[Any, str, Any]] = []
+        self._imported: list[tuple[Any, Any]] = []  # (new, original) swapped with imported=True
 
-    def swap(self, owner: Any, attr: str, new: Any) -> None:
+    def swap(self, owner: Any, attr: str, new: Any, *, imported: bool = False) -> None:
+        """owner.attr = new. imported=True: also every global of a loaded module
+        (outside paddle_ext) bound to the same original object, the name a caller
+        took with `from paddle... import f` before enable(); revert() puts the
+        original back there, and in modules that imported `new` meanwhile."""
         # Read the owner's own dict: for classes that keeps staticmethod and
         # property objects intact, and an inherited attribute is deleted again.
         own = vars(owner) if hasattr(owner, "__dict__") else {}
         original = own.get(attr, _MISSING)
         setattr(owner, attr, new)
         self._undo.append((owner, attr, original))
+        if imported and original is not _MISSING:
+            for module, name in module_bindings(original):
+                setattr(module, name, new)
+                self._undo.append((module, name, original))
+            self._imported.append((new, original))
 
     def revert(self) -> None:
         while self._undo:
@@ -32,6 +44,10 @@ class Patcher:
                 delattr(owner, attr)
             else:
                 setattr(owner, attr, original)
+        while self._imported:
+            new, original = self._imported.pop()
+            for module, name in module_bindings(new):
+                setattr(module, name, original)
 
     @property
     def active(self) -> bool:
@@ -61,6 +77,22 @@ class PatchUnit:
     @property
     def upstream_text(self) -> str:
         return ", ".join(f"#{n}" for n in self.upstream)
+
+
+def module_bindings(obj: Any) -> list[tuple[types.ModuleType, str]]:
+    """(module, name) for every global of a loaded module bound to obj itself (`is`),
+    paddle_ext's own modules left out (they keep what they chose to hold). Reads the
+    modules' dicts only, so lazy modules (transformers') import nothing."""
+    found = []
+    for module_name, module in list(sys.modules.items()):
+        if not isinstance(module, types.ModuleType) or module_name.split(".", 1)[0] == "paddle_ext":
+            continue
+        try:
+            namespace = vars(module)
+        except TypeError:
+            continue
+        found.extend((module, name) for name, value in list(namespace.items()) if value is obj)
+    return found
 
 
 def plugin_else_paddle(plugin_call: Callable[[], Any], paddle_call: Callable[[], Any]) -> Any:

@@ -36,8 +36,14 @@ it and its GPU FA2 refuses it (AssertionError); the plugin honours it, as FA3
 does.
 
 Code that imported the functions before enable() (`from
-paddle.nn.functional.flash_attention import flash_attention`) keeps the object
-it imported.
+paddle.nn.functional.flash_attention import flashmask_attention`, as
+PaddleFormers' attention interface does when it is imported) reaches the plugin
+too: the unit rebinds every loaded module's global bound to Paddle's function
+(Patcher.swap(imported=True); disable() binds Paddle's back, also where a module
+imported the plugin's meanwhile). Paddle's own flashmask_attention cannot be
+reached through paddle._C_ops as rotary's is: on a CPU build it fails before its
+op, reading FLAGS_cudnn_deterministic. A function held elsewhere (a class
+attribute, a closure, a dict) keeps the object it holds.
 """
 
 from __future__ import annotations
@@ -218,13 +224,14 @@ def packed_owners() -> list:
 
 def _apply(patcher: Patcher) -> None:
     module = owner()
-    patcher.swap(module, "flash_attention", _flash_attention_3x(module.flash_attention))
-    patcher.swap(module, "flash_attn_unpadded", _flash_attn_unpadded(module.flash_attn_unpadded))
+    # imported=True: names callers took before enable() too (module docstring)
+    patcher.swap(module, "flash_attention", _flash_attention_3x(module.flash_attention), imported=True)
+    patcher.swap(module, "flash_attn_unpadded", _flash_attn_unpadded(module.flash_attn_unpadded), imported=True)
     wrappers = {}  # one wrapper per name for both owners
     for target, name in packed_owners():
         if name not in wrappers:
             wrappers[name] = _PACKED_WRAPPERS[name](getattr(target, name))
-        patcher.swap(target, name, wrappers[name])
+        patcher.swap(target, name, wrappers[name], imported=True)
 
 
 def _verify() -> bool:

@@ -3,7 +3,9 @@
 import os
 import subprocess
 import sys
+import types
 
+import numpy as np
 import paddle
 import pytest
 
@@ -79,6 +81,57 @@ def test_enable_disable_round_trip_restores_identical_objects():
     # inherited pybind methods came back by deletion, not by a copy
     gloo = compat.gloo_process_group_class()
     assert "all_reduce_on_calc_stream" not in vars(gloo)
+
+
+@pytest.fixture
+def user_modules():
+    """Registers modules as a user's code would have them in sys.modules; removed afterwards."""
+    added = []
+
+    def add(name: str, **names) -> types.ModuleType:
+        module = types.ModuleType(name)
+        vars(module).update(names)
+        sys.modules[name] = module
+        added.append(name)
+        return module
+
+    yield add
+    for name in added:
+        sys.modules.pop(name, None)
+
+
+def test_a_name_imported_before_enable_reaches_the_plugin_and_gets_paddles_back(user_modules):
+    """`from paddle.nn.functional.flash_attention import flash_attn_unpadded` made before
+    enable(): the module's name is rebound to the plugin's function and back by disable();
+    a module that took the plugin's function while enabled gets Paddle's back too;
+    paddle_ext's own modules keep what they hold."""
+    module = flash_attention.owner()
+    paddles = module.flash_attn_unpadded
+    early = user_modules("user_script_imported_early", flash_attn_unpadded=paddles, other=paddles)
+    own = user_modules("paddle_ext._test_own_module", flash_attn_unpadded=paddles)
+
+    paddle_ext.enable()
+    plugins = module.flash_attn_unpadded
+    assert plugins is not paddles
+    assert early.flash_attn_unpadded is plugins and early.other is plugins
+    assert own.flash_attn_unpadded is paddles
+    late = user_modules("user_script_imported_while_enabled", unpadded=plugins)
+
+    rng = np.random.default_rng(0)
+    q, k, v = (paddle.to_tensor(rng.standard_normal([6, 2, 8]).astype("float32")) for _ in range(3))
+    cu = paddle.to_tensor(np.array([0, 2, 6], np.int32))
+    args = (q, k, v, cu, cu, 4, 4, 8 ** -0.5)
+    got = early.flash_attn_unpadded(*args)[0].numpy()
+    want = paddle_ext.ops.flash_attn_unpadded(*args)[0].numpy()
+    np.testing.assert_array_equal(got, want)
+    if compat.device_build() == "cpu":  # what the caller had before: no CPU kernel
+        with pytest.raises(RuntimeError, match="not registered"):
+            paddles(*args)
+
+    paddle_ext.disable()
+    assert module.flash_attn_unpadded is paddles
+    assert early.flash_attn_unpadded is paddles and early.other is paddles
+    assert late.unpadded is paddles
 
 
 # Units that serve an optional package: skipped (with the reason) where it is not installed.

@@ -10,6 +10,9 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
         f  pp2 x tensor parallel 2            (4 ranks)
         g  pp2 use_dualpipev, accumulation 5: the Trainer's use_dualpipev on the plugin's
            DualPipeV, the pipe V-segmented (paddle_ext.pipeline.v_layer.v_segmented) (2 ranks)
+        h  pp2 1F1B, accumulation 4, the pipe's attention PaddleFormers' "flashmask" (the
+           plugin's FlashMask kernel) over samples of two documents each; the reference's
+           eager attention with the mask PaddleFormers builds from the same rows (2 ranks)
 
 CONFIG may name several, comma-separated, for one topology and accumulation count (c,d):
 each gets its own Trainer in this process (a second fleet.init in one process keeps the
@@ -18,7 +21,7 @@ launch of their own). After a: evaluate() against the reference's
 eval loss, and a run saved at step 2 and resumed with resume_from_checkpoint against
 the uninterrupted run.
 
-A tiny LlamaForCausalLMPipe (float32, eager attention, a causal start/end-row mask,
+A tiny LlamaForCausalLMPipe (float32, eager attention but in h, a causal start/end-row mask,
 fuse_rms_norm at PaddleFormers' default) trains 3 steps through Trainer.train(); its
 weights come from a single-process LlamaForCausalLM built with the same seed, which
 then trains over the same data in this process by hand (every micro-batch's loss
@@ -35,13 +38,17 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 
+from paddleformers.nn.attention import flashmask_attention as pf_flashmask
+from paddleformers.trainer import Trainer, TrainerCallback, TrainingArguments
+from paddleformers.transformers import LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe
+
 import paddle_ext
 from paddle_ext.pipeline.v_layer import v_segmented
 
-paddle_ext.enable()  # before PaddleFormers sets up fleet: the plugin's engine serves fleet.distributed_model
-
-from paddleformers.trainer import Trainer, TrainerCallback, TrainingArguments  # noqa: E402
-from paddleformers.transformers import LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe  # noqa: E402
+# A user's order: PaddleFormers imported first (its attention interface has taken Paddle's
+# flashmask_attention by then: config h), the plugin enabled before TrainingArguments set up
+# fleet, so that the plugin's engine serves fleet.distributed_model.
+paddle_ext.enable()
 
 VOCAB, HIDDEN, SEQ, LAYERS, STEPS, LR, SEED = 64, 16, 8, 4, 3, 1e-2, 1234
 # AdamW's epsilon, the Trainer's (adam_epsilon) and the reference's, every config. AdamW's
@@ -62,6 +69,7 @@ CONFIGS = {
     "e": dict(acc=4, sharding=2),
     "f": dict(acc=4, tp=2),
     "g": dict(acc=5, v=True),
+    "h": dict(acc=4, attn="flashmask", documents=(0, 3, SEQ)),
 }
 
 
@@ -69,7 +77,7 @@ def model_config(cfg, tp):
     config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
                          num_hidden_layers=LAYERS, num_attention_heads=2, num_key_value_heads=2,
                          max_position_embeddings=4 * SEQ, dtype="float32")
-    config._attn_implementation = "eager"
+    config._attn_implementation = cfg.get("attn", "eager")
     if cfg.get("vpp", 1) > 1 or cfg.get("v"):
         config.virtual_pipeline_model_parallel_size = 2 if cfg.get("v") else cfg["vpp"]
     config.tensor_model_parallel_size = tp
@@ -82,18 +90,23 @@ def model_config(cfg, tp):
 class Samples(paddle.io.Dataset):
     """Fixed token sequences (no token 0: LlamaModel's embedding has padding_idx 0,
     the pipe's has none) with labels and a causal start/end-row mask (int32: the pipe
-    decoder tells it from a dense mask by its dtype)."""
+    decoder tells it from a dense mask by its dtype): causal over the whole sequence, or
+    over each document of `documents` (bounds): for each key column, the row where its
+    document ends (FlashMask's LTS)."""
 
-    def __init__(self, count):
+    def __init__(self, count, documents=(0, SEQ)):
         rng = np.random.RandomState(7)
         self.ids = rng.randint(1, VOCAB, size=(count, SEQ + 1)).astype("int64")
+        self.rows = np.zeros([1, SEQ], dtype="int32")
+        for start, end in zip(documents[:-1], documents[1:]):
+            self.rows[0, start:end] = end
 
     def __len__(self):
         return len(self.ids)
 
     def __getitem__(self, i):
         return {"input_ids": self.ids[i, :-1], "labels": self.ids[i, 1:],
-                "attn_mask_startend_row_indices": np.full([1, SEQ], SEQ, dtype="int32")}
+                "attn_mask_startend_row_indices": self.rows}
 
 
 def collate(features):
@@ -300,7 +313,7 @@ def main():
     for name in names:
         cfg = CONFIGS[name]
         per_step = cfg["acc"] * cfg.get("dp", 1) * cfg.get("sharding", 1)
-        dataset = Samples(per_step * STEPS)
+        dataset = Samples(per_step * STEPS, cfg.get("documents", (0, SEQ)))
         trainer, pipe, mapping, losses, config = train(name, cfg, out_dir, dataset)
         engine = trainer.model_wrapped
         ref, ref_losses = reference_run(config, cfg, dataset, STEPS)
@@ -312,7 +325,9 @@ def main():
                   "classes": [c.__name__ for c in type(engine).__mro__],
                   "dp_comm_overlap": engine._dp_comm_overlap,
                   "schedule": engine.schedule().kind, "placement": engine.schedule().placement,
-                  "sharding_comm_overlap": engine._sharding_comm_overlap}
+                  "sharding_comm_overlap": engine._sharding_comm_overlap,
+                  "attn_implementation": config._attn_implementation,
+                  "flashmask_unit": getattr(pf_flashmask.flashmask_attention, "__paddle_ext_unit__", None)}
         if cfg.get("eval_resume"):
             result.update(evaluate_and_resume(trainer, cfg, out_dir, dataset, config))
         with open(os.path.join(out_dir, f"result.{name}.{rank}.json"), "w") as f:
