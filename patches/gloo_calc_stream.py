@@ -6,7 +6,11 @@ model-parallel all-reduce) has no CPU kernel, nor c_concat (a tensor-parallel he
 gather) and its gradient c_split, so fleet's model-parallel layers (e.g.
 VocabParallelEmbedding) cannot run on CPU. This unit gives the gloo class
 synchronous implementations and c_identity and c_concat (3.x) a CPU path; NCCL, XPU and custom
-devices are untouched. With 4 or more gloo ranks, fleet's topology set-up also
+devices are untouched. ProcessGroupGloo also gets reduce_scatter and all_to_all
+(every form: tensor, list, single with split sizes, and on the calc stream), which
+Paddle leaves unimplemented there, built from its all_reduce and all_gather
+(paddle_ext.comm.gloo_exchange): sequence parallelism and MoE token dispatch run on
+CPU. With 4 or more gloo ranks, fleet's topology set-up also
 fails: ProcessGroupGloo rendezvous with unprefixed keys in the job's one store,
 so each gloo group now gets a store of its own (paddle_ext.comm.gloo).
 """
@@ -20,12 +24,13 @@ from paddle_ext.comm.gloo import (
     cpu_c_identity,
     private_store_process_groups,
 )
+from paddle_ext.comm.gloo_exchange import EXCHANGE_METHODS
 from paddle_ext.patches._unit import Patcher, PatchUnit
 
 
 def _apply(patcher: Patcher) -> None:
     cls = compat.gloo_process_group_class()
-    for name, fn in CALC_STREAM_METHODS.items():
+    for name, fn in {**CALC_STREAM_METHODS, **EXCHANGE_METHODS}.items():
         patcher.swap(cls, name, fn)
     for owner in compat.c_identity_owners():
         patcher.swap(owner, "c_identity", cpu_c_identity(owner.c_identity))
@@ -38,7 +43,7 @@ def _apply(patcher: Patcher) -> None:
 
 def _verify() -> bool:
     cls = compat.gloo_process_group_class()
-    methods = all(vars(cls).get(name) is fn for name, fn in CALC_STREAM_METHODS.items())
+    methods = all(vars(cls).get(name) is fn for name, fn in {**CALC_STREAM_METHODS, **EXCHANGE_METHODS}.items())
     return methods and all(hasattr(o.c_identity, "__wrapped__") for o in compat.c_identity_owners())
 
 
@@ -50,7 +55,7 @@ UNIT = PatchUnit(
     name="gloo_calc_stream",
     upstream=(46761,),
     title="calc-stream collectives, p2p and c_identity on CPU/gloo",
-    summary="fleet's model-parallel layers and p2p run on CPU through gloo",
+    summary="fleet's model-parallel layers, sequence parallelism, all_to_all and p2p run on CPU through gloo",
     apply=_apply,
     verify=_verify,
     unavailable=_unavailable,

@@ -11,6 +11,7 @@ import pytest
 
 import paddle_ext
 from paddle_ext import compat
+from paddle_ext.comm.gloo_exchange import EXCHANGE_METHODS
 from paddle_ext.patches import (
     device_synchronize,
     flash_attention,
@@ -32,6 +33,7 @@ def patched_attributes():
     owners += [(gloo, name) for name in ("all_reduce_on_calc_stream", "send_on_calc_stream",
                                          "recv_on_calc_stream", "broadcast_on_calc_stream",
                                          "all_gather_into_tensor_on_calc_stream")]
+    owners += [(gloo, name) for name in EXCHANGE_METHODS]
     owners += [(owner, "c_identity") for owner in compat.c_identity_owners()]
     owners += [(owner, "c_concat") for owner in compat.c_concat_owners()]
     owners += [(compat.collective_module(), "_new_process_group_impl")]

@@ -43,7 +43,7 @@ pytestmark = pytest.mark.multiprocess
 REL_BOUND = 1e-5
 LOSS_BOUND = 1e-6
 GRAD_BOUND = 1e-5
-LAUNCHES = {"a": 2, "b": 2, "c,d": 4, "e": 4, "f": 4, "g": 2, "h": 2}
+LAUNCHES = {"a": 2, "b": 2, "c,d": 4, "e": 4, "f": 4, "g": 2, "h": 2, "i": 4}
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +82,7 @@ def _check_parity(per_rank: dict) -> None:
 
 @pytest.mark.parametrize("name,launch_names",
                          [("a", "a"), ("b", "b"), ("c", "c,d"), ("d", "c,d"), ("e", "e"), ("f", "f"), ("g", "g"),
-                          ("h", "h")])
+                          ("h", "h"), ("i", "i")])
 def test_trainer_parity(results, name, launch_names):
     per_rank = results(launch_names)[name]
     _check_parity(per_rank)
@@ -92,6 +92,8 @@ def test_trainer_parity(results, name, launch_names):
         assert "PipelineParallelWithInterleave" in classes
     if name == "g":  # the Trainer's use_dualpipev: the plugin's DualPipeV on the V-segmented pipe
         assert [per_rank[0]["schedule"], per_rank[0]["placement"]] == ["dualpipev", "v"], per_rank[0]
+    if name == "i":  # sequence parallelism: the norms' weights are sequence-parallel parameters
+        assert all(r["sequence_parallel_params"] > 0 for r in per_rank.values()), per_rank
     if name == "h":  # PaddleFormers' flashmask attention, its module's name imported before enable()
         for r in per_rank.values():
             assert [r["attn_implementation"], r["flashmask_unit"]] == ["flashmask", "flash_attention"], r

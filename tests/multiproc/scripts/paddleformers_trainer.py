@@ -13,6 +13,9 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
         h  pp2 1F1B, accumulation 4, the pipe's attention PaddleFormers' "flashmask" (the
            plugin's FlashMask kernel) over samples of two documents each; the reference's
            eager attention with the mask PaddleFormers builds from the same rows (2 ranks)
+        i  pp2 x tensor parallel 2 with sequence_parallel: the activations between the
+           tensor-parallel blocks split along the sequence, a reduce-scatter after each
+           row-parallel linear (gloo's, from the gloo_calc_stream unit) (4 ranks)
 
 CONFIG may name several, comma-separated, for one topology and accumulation count (c,d):
 each gets its own Trainer in this process (a second fleet.init in one process keeps the
@@ -37,7 +40,6 @@ import sys
 import numpy as np
 import paddle
 import paddle.distributed as dist
-
 from paddleformers.nn.attention import flashmask_attention as pf_flashmask
 from paddleformers.trainer import Trainer, TrainerCallback, TrainingArguments
 from paddleformers.transformers import LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe
@@ -70,6 +72,7 @@ CONFIGS = {
     "f": dict(acc=4, tp=2),
     "g": dict(acc=5, v=True),
     "h": dict(acc=4, attn="flashmask", documents=(0, 3, SEQ)),
+    "i": dict(acc=4, tp=2, sequence_parallel=True),
 }
 
 
@@ -81,6 +84,9 @@ def model_config(cfg, tp):
     if cfg.get("vpp", 1) > 1 or cfg.get("v"):
         config.virtual_pipeline_model_parallel_size = 2 if cfg.get("v") else cfg["vpp"]
     config.tensor_model_parallel_size = tp
+    if cfg.get("sequence_parallel"):
+        config.sequence_parallel = True
+        config.max_sequence_length = SEQ  # the pipe's sequence-parallel reshapes read it
     # Gathered logits and the plain cross entropy: Paddle's parallel cross entropy
     # (c_softmax_with_cross_entropy) has no CPU kernel.
     config.tensor_parallel_output = False
@@ -123,6 +129,14 @@ class LossLog(TrainerCallback):
         self.pipe = pipe
         self.first_grads = None
 
+    def on_train_begin(self, args, state, control, **kwargs):
+        # Last in line, so that the gradients are read after every other callback's work
+        # on them: sequence parallelism's SPGradSyncCallback (added while the Trainer wraps
+        # the model) all-reduces the sequence-parallel parameters' gradients there.
+        callbacks = self.trainer.callback_handler.callbacks
+        callbacks.remove(self)
+        callbacks.append(self)
+
     def on_optimizer_begin(self, args, state, control, **kwargs):
         if self.first_grads is None:
             self.first_grads = {k: (None if p.grad is None else p.grad.numpy().copy())
@@ -135,7 +149,7 @@ class LossLog(TrainerCallback):
 
 def reference_model(config):
     paddle.seed(SEED)
-    ref_config = LlamaConfig(**{**config.to_dict(), "tensor_model_parallel_size": 1})
+    ref_config = LlamaConfig(**{**config.to_dict(), "tensor_model_parallel_size": 1, "sequence_parallel": False})
     ref_config._attn_implementation = "eager"
     return LlamaForCausalLM(ref_config)
 
@@ -185,7 +199,7 @@ def training_args(name, cfg, out_dir, **extra):
         sharding="stage1" if sharding > 1 else "", split_param=False,
         forward_backward_overlap_scheduler=cfg.get("forward_backward_overlap_scheduler", False),
         dp_comm_overlap=cfg.get("dp_comm_overlap", False), do_train=True, amp_master_grad=False,
-        use_dualpipev=cfg.get("v", False),
+        use_dualpipev=cfg.get("v", False), sequence_parallel=cfg.get("sequence_parallel", False),
         adam_epsilon=ADAM_EPSILON,
     )
     kwargs.update(extra)
@@ -302,6 +316,7 @@ def train(name, cfg, out_dir, dataset, resume=None, max_steps=STEPS, save_steps=
     log = LossLog(pipe)
     trainer = Trainer(model=pipe, args=args, train_dataset=dataset, eval_dataset=dataset, data_collator=collate,
                       callbacks=[log])
+    log.trainer = trainer
     trainer.train(resume_from_checkpoint=resume)
     trainer.first_grads = log.first_grads
     return trainer, pipe, mapping, log.losses, config
@@ -327,6 +342,8 @@ def main():
                   "schedule": engine.schedule().kind, "placement": engine.schedule().placement,
                   "sharding_comm_overlap": engine._sharding_comm_overlap,
                   "attn_implementation": config._attn_implementation,
+                  "sequence_parallel_params": sum(bool(getattr(p, "sequence_parallel", False))
+                                                  for p in pipe.parameters()),
                   "flashmask_unit": getattr(pf_flashmask.flashmask_attention, "__paddle_ext_unit__", None)}
         if cfg.get("eval_resume"):
             result.update(evaluate_and_resume(trainer, cfg, out_dir, dataset, config))
