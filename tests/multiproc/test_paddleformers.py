@@ -20,7 +20,8 @@ Bounds, per config (relative to the largest magnitude of each parameter / the lo
   default 1e-8 a near-zero gradient element whose rounding differs moves its parameter by
   a sizeable part of lr (AdamW's slope is up to lr / eps), 1.3e-4 of the largest parameter
   for f and for that split single process alike.
-- dp overlap on (d) and off (c) are bitwise equal (same collectives, same order).
+- dp overlap on (d) and off (c) are bitwise equal (same collectives, same order); so are
+  sharding overlap on (j) and off (e).
 """
 
 from __future__ import annotations
@@ -43,7 +44,7 @@ pytestmark = pytest.mark.multiprocess
 REL_BOUND = 1e-5
 LOSS_BOUND = 1e-6
 GRAD_BOUND = 1e-5
-LAUNCHES = {"a": 2, "b": 2, "c,d": 4, "e": 4, "f": 4, "g": 2, "h": 2, "i": 4}
+LAUNCHES = {"a": 2, "b": 2, "c,d": 4, "f": 4, "g": 2, "h": 2, "i": 4, "e": 4, "j": 4}
 
 
 @pytest.fixture(scope="module")
@@ -82,7 +83,7 @@ def _check_parity(per_rank: dict) -> None:
 
 @pytest.mark.parametrize("name,launch_names",
                          [("a", "a"), ("b", "b"), ("c", "c,d"), ("d", "c,d"), ("e", "e"), ("f", "f"), ("g", "g"),
-                          ("h", "h"), ("i", "i")])
+                          ("h", "h"), ("i", "i"), ("j", "j")])
 def test_trainer_parity(results, name, launch_names):
     per_rank = results(launch_names)[name]
     _check_parity(per_rank)
@@ -105,6 +106,18 @@ def test_dp_overlap_through_the_trainer_is_exact(results):
         assert both["d"][rank]["dp_comm_overlap"] and not both["c"][rank]["dp_comm_overlap"]
         assert both["d"][rank]["losses"] == both["c"][rank]["losses"]
         assert both["d"][rank]["digest"] == both["c"][rank]["digest"], f"rank {rank}: overlap on != off"
+
+
+def test_sharding_overlap_through_the_trainer_is_exact(results):
+    """j: pp_sharding_comm_overlap (with the amp_master_grad PaddleFormers requires for it)
+    against e without: the same parameters, bit for bit. Launches of their own: a second
+    fleet.init in one process keeps the first strategy's pipeline configs (overlap off)."""
+    both = {"e": results("e")["e"], "j": results("j")["j"]}
+    for rank in both["j"]:
+        assert both["j"][rank]["sharding_comm_overlap"] and not both["e"][rank]["sharding_comm_overlap"]
+        assert both["j"][rank]["main_grads"] > 0 and both["e"][rank]["main_grads"] == 0, rank
+        assert both["j"][rank]["losses"] == both["e"][rank]["losses"]
+        assert both["j"][rank]["digest"] == both["e"][rank]["digest"], f"rank {rank}: overlap on != off"
 
 
 def test_evaluate_and_resume(results):

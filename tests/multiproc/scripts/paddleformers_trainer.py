@@ -16,6 +16,9 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
         i  pp2 x tensor parallel 2 with sequence_parallel: the activations between the
            tensor-parallel blocks split along the sequence, a reduce-scatter after each
            row-parallel linear (gloo's, from the gloo_calc_stream unit) (4 ranks)
+        j  e with pp_sharding_comm_overlap: PaddleFormers wants amp_master_grad for it, and
+           that bf16 (fp16_opt_level O2), whose casts and autocast Paddle skips on CPU: the
+           model computes in float32 as e's does, its gradients in float32 main_grads (4 ranks)
 
 CONFIG may name several, comma-separated, for one topology and accumulation count (c,d):
 each gets its own Trainer in this process (a second fleet.init in one process keeps the
@@ -73,6 +76,7 @@ CONFIGS = {
     "g": dict(acc=5, v=True),
     "h": dict(acc=4, attn="flashmask", documents=(0, 3, SEQ)),
     "i": dict(acc=4, tp=2, sequence_parallel=True),
+    "j": dict(acc=4, sharding=2, sharding_overlap=True),
 }
 
 
@@ -120,6 +124,12 @@ def collate(features):
     return {k: paddle.to_tensor(np.stack([f[k] for f in features])) for k in features[0]}
 
 
+def gradient(param):
+    """The gradient the optimizer reads: under amp_master_grad the float32 main_grad."""
+    main = getattr(param, "main_grad", None)
+    return main if main is not None else param.grad
+
+
 class LossLog(TrainerCallback):
     """The losses the Trainer logs, and the first step's gradients as the optimizer gets them
     (after the Trainer's 1 / accumulation scaling)."""
@@ -139,7 +149,8 @@ class LossLog(TrainerCallback):
 
     def on_optimizer_begin(self, args, state, control, **kwargs):
         if self.first_grads is None:
-            self.first_grads = {k: (None if p.grad is None else p.grad.numpy().copy())
+            self.main_grads = sum(getattr(p, "main_grad", None) is not None for p in self.pipe.parameters())
+            self.first_grads = {k: (None if gradient(p) is None else gradient(p).numpy().copy())
                                 for k, p in paddle.nn.Layer.state_dict(self.pipe).items()}
 
     def on_log(self, args, state, control, logs=None, **kwargs):
@@ -200,8 +211,11 @@ def training_args(name, cfg, out_dir, **extra):
         forward_backward_overlap_scheduler=cfg.get("forward_backward_overlap_scheduler", False),
         dp_comm_overlap=cfg.get("dp_comm_overlap", False), do_train=True, amp_master_grad=False,
         use_dualpipev=cfg.get("v", False), sequence_parallel=cfg.get("sequence_parallel", False),
+        pp_sharding_comm_overlap=cfg.get("sharding_overlap", False),
         adam_epsilon=ADAM_EPSILON,
     )
+    if cfg.get("sharding_overlap"):
+        kwargs.update(bf16=True, fp16_opt_level="O2", amp_master_grad=True)
     kwargs.update(extra)
     return TrainingArguments(**kwargs)
 
@@ -319,6 +333,7 @@ def train(name, cfg, out_dir, dataset, resume=None, max_steps=STEPS, save_steps=
     log.trainer = trainer
     trainer.train(resume_from_checkpoint=resume)
     trainer.first_grads = log.first_grads
+    trainer.first_main_grads = log.main_grads
     return trainer, pipe, mapping, log.losses, config
 
 
@@ -342,6 +357,7 @@ def main():
                   "schedule": engine.schedule().kind, "placement": engine.schedule().placement,
                   "sharding_comm_overlap": engine._sharding_comm_overlap,
                   "attn_implementation": config._attn_implementation,
+                  "main_grads": trainer.first_main_grads,
                   "sequence_parallel_params": sum(bool(getattr(p, "sequence_parallel", False))
                                                   for p in pipe.parameters()),
                   "flashmask_unit": getattr(pf_flashmask.flashmask_attention, "__paddle_ext_unit__", None)}
