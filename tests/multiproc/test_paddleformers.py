@@ -44,7 +44,7 @@ pytestmark = pytest.mark.multiprocess
 REL_BOUND = 1e-5
 LOSS_BOUND = 1e-6
 GRAD_BOUND = 1e-5
-LAUNCHES = {"a": 2, "b": 2, "c,d": 4, "f": 4, "g": 2, "h": 2, "i": 4, "e": 4, "j": 4}
+LAUNCHES = {"a": 2, "b": 2, "c,d": 4, "f": 4, "g": 2, "h": 2, "i": 4, "e": 4, "j": 4, "k": 2}
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +83,8 @@ def _check_parity(per_rank: dict) -> None:
 
 @pytest.mark.parametrize("name,launch_names",
                          [("a", "a"), ("b", "b"), ("c", "c,d"), ("d", "c,d"), ("e", "e"), ("f", "f"), ("g", "g"),
-                          ("h", "h"), ("i", "i"), ("j", "j")])
+                          ("h", "h"), ("i", "i"), ("j", "j"),
+                          ("k", "k")])
 def test_trainer_parity(results, name, launch_names):
     per_rank = results(launch_names)[name]
     _check_parity(per_rank)
@@ -118,6 +119,15 @@ def test_sharding_overlap_through_the_trainer_is_exact(results):
         assert both["j"][rank]["main_grads"] > 0 and both["e"][rank]["main_grads"] == 0, rank
         assert both["j"][rank]["losses"] == both["e"][rank]["losses"]
         assert both["j"][rank]["digest"] == both["e"][rank]["digest"], f"rank {rank}: overlap on != off"
+
+
+def test_every_pipeline_switch_leaves_the_numbers_alone(results):
+    """k: PaddleFormers' other pipeline switches on (release grads, overlap_p2p_comm, ...)
+    against a with them off: the same losses and parameters, bit for bit."""
+    a, k = results("a")["a"], results("k")["k"]
+    for rank in k:
+        assert k[rank]["losses"] == a[rank]["losses"]
+        assert k[rank]["digest"] == a[rank]["digest"], f"rank {rank}: the switches changed the parameters"
 
 
 def test_evaluate_and_resume(results):

@@ -19,6 +19,10 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
         j  e with pp_sharding_comm_overlap: PaddleFormers wants amp_master_grad for it, and
            that bf16 (fp16_opt_level O2), whose casts and autocast Paddle skips on CPU: the
            model computes in float32 as e's does, its gradients in float32 main_grads (4 ranks)
+        k  a with every other pipeline switch of PaddleFormers' TrainingArguments on (release
+           grads, overlap_p2p_comm, clear_every_step_cache, best_unbalanced_scheduler,
+           offload_queue, variable_seq_lengths, pp_sync_param / pp_sync_moment, timer): a user's
+           arguments run unchanged, with a's numbers (2 ranks)
 
 CONFIG may name several, comma-separated, for one topology and accumulation count (c,d):
 each gets its own Trainer in this process (a second fleet.init in one process keeps the
@@ -77,6 +81,9 @@ CONFIGS = {
     "h": dict(acc=4, attn="flashmask", documents=(0, 3, SEQ)),
     "i": dict(acc=4, tp=2, sequence_parallel=True),
     "j": dict(acc=4, sharding=2, sharding_overlap=True),
+    "k": dict(acc=4, switches=dict(pp_release_grads=True, overlap_p2p_comm=True, clear_every_step_cache=True,
+                                   best_unbalanced_scheduler=True, offload_queue=True, variable_seq_lengths=True,
+                                   pp_sync_param=True, pp_sync_moment=True, timer=True)),
 }
 
 
@@ -214,6 +221,7 @@ def training_args(name, cfg, out_dir, **extra):
         pp_sharding_comm_overlap=cfg.get("sharding_overlap", False),
         adam_epsilon=ADAM_EPSILON,
     )
+    kwargs.update(cfg.get("switches", {}))
     if cfg.get("sharding_overlap"):
         kwargs.update(bf16=True, fp16_opt_level="O2", amp_master_grad=True)
     kwargs.update(extra)
