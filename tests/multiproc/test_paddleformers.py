@@ -44,7 +44,7 @@ pytestmark = pytest.mark.multiprocess
 REL_BOUND = 1e-5
 LOSS_BOUND = 1e-6
 GRAD_BOUND = 1e-5
-LAUNCHES = {"a": 2, "b": 2, "c,d": 4, "f": 4, "g": 2, "h": 2, "i": 4, "e": 4, "j": 4, "k": 2}
+LAUNCHES = {"a": 2, "b": 2, "c,d": 4, "f": 4, "g": 2, "h": 2, "i": 4, "e": 4, "j": 4, "k": 2, "l": 2}
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +84,7 @@ def _check_parity(per_rank: dict) -> None:
 @pytest.mark.parametrize("name,launch_names",
                          [("a", "a"), ("b", "b"), ("c", "c,d"), ("d", "c,d"), ("e", "e"), ("f", "f"), ("g", "g"),
                           ("h", "h"), ("i", "i"), ("j", "j"),
-                          ("k", "k")])
+                          ("k", "k"), ("l", "l")])
 def test_trainer_parity(results, name, launch_names):
     per_rank = results(launch_names)[name]
     _check_parity(per_rank)
@@ -96,7 +96,11 @@ def test_trainer_parity(results, name, launch_names):
         assert [per_rank[0]["schedule"], per_rank[0]["placement"]] == ["dualpipev", "v"], per_rank[0]
     if name == "i":  # sequence parallelism: the norms' weights are sequence-parallel parameters
         assert all(r["sequence_parallel_params"] > 0 for r in per_rank.values()), per_rank
-    if name == "h":  # PaddleFormers' flashmask attention, its module's name imported before enable()
+    if name == "l":  # ERNIE 4.5 with the fused ops on: flashmask, fused rope, fused RMSNorm (its default)
+        for r in per_rank.values():
+            assert [r["model"], r["attn_implementation"], r["rope_fusion"]] == [
+                "Ernie4_5ForCausalLMPipe", "flashmask", True], r
+    if name in ("h", "l"):  # PaddleFormers' flashmask attention, its module's name imported before enable()
         for r in per_rank.values():
             assert [r["attn_implementation"], r["flashmask_unit"]] == ["flashmask", "flash_attention"], r
 

@@ -23,6 +23,10 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
            grads, overlap_p2p_comm, clear_every_step_cache, best_unbalanced_scheduler,
            offload_queue, variable_seq_lengths, pp_sync_param / pp_sync_moment, timer): a user's
            arguments run unchanged, with a's numbers (2 ranks)
+        l  ERNIE 4.5 (dense) instead of Llama, with the fused ops a GPU user turns on: flashmask
+           attention over two documents, fused rotary embedding (apply_rope_fusion) and fused
+           RMSNorm, all three served on CPU by the plugin; the reference runs none of them:
+           ERNIE's own rotary, eager attention, Paddle's plain ops for RMSNorm (2 ranks)
 
 CONFIG may name several, comma-separated, for one topology and accumulation count (c,d):
 each gets its own Trainer in this process (a second fleet.init in one process keeps the
@@ -49,7 +53,14 @@ import paddle
 import paddle.distributed as dist
 from paddleformers.nn.attention import flashmask_attention as pf_flashmask
 from paddleformers.trainer import Trainer, TrainerCallback, TrainingArguments
-from paddleformers.transformers import LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe
+from paddleformers.transformers import (
+    Ernie4_5Config,
+    Ernie4_5ForCausalLM,
+    Ernie4_5ForCausalLMPipe,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LlamaForCausalLMPipe,
+)
 
 import paddle_ext
 from paddle_ext.pipeline.v_layer import v_segmented
@@ -81,17 +92,35 @@ CONFIGS = {
     "h": dict(acc=4, attn="flashmask", documents=(0, 3, SEQ)),
     "i": dict(acc=4, tp=2, sequence_parallel=True),
     "j": dict(acc=4, sharding=2, sharding_overlap=True),
+    "l": dict(acc=4, model="ernie4_5", attn="flashmask", rope_fusion=True, documents=(0, 5, SEQ),
+              plain_reference=True),
     "k": dict(acc=4, switches=dict(pp_release_grads=True, overlap_p2p_comm=True, clear_every_step_cache=True,
                                    best_unbalanced_scheduler=True, offload_queue=True, variable_seq_lengths=True,
                                    pp_sync_param=True, pp_sync_moment=True, timer=True)),
 }
 
 
+# model family -> (config class, single-process class, pipe class, extra config arguments)
+MODELS = {
+    "llama": (LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe, {}),
+    # ERNIE 4.5's default pp_seg_method names its decoder class, which the pipe's layers are not
+    # (PaddleFormers 1.2.0's PipelineLayer then finds no layer to cut at); the pipe's own name
+    "ernie4_5": (Ernie4_5Config, Ernie4_5ForCausalLM, Ernie4_5ForCausalLMPipe,
+                 dict(head_dim=HIDDEN // 2, pp_seg_method="layer:DecoderLayer|EmptyLayer")),
+}
+
+
+def model_classes(config):
+    return next(classes for classes in MODELS.values() if isinstance(config, classes[0]))
+
+
 def model_config(cfg, tp):
-    config = LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
-                         num_hidden_layers=LAYERS, num_attention_heads=2, num_key_value_heads=2,
-                         max_position_embeddings=4 * SEQ, dtype="float32")
+    config_cls, _, _, extra = MODELS[cfg.get("model", "llama")]
+    config = config_cls(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
+                        num_hidden_layers=LAYERS, num_attention_heads=2, num_key_value_heads=2,
+                        max_position_embeddings=4 * SEQ, dtype="float32", **extra)
     config._attn_implementation = cfg.get("attn", "eager")
+    config.apply_rope_fusion = cfg.get("rope_fusion", False)
     if cfg.get("vpp", 1) > 1 or cfg.get("v"):
         config.virtual_pipeline_model_parallel_size = 2 if cfg.get("v") else cfg["vpp"]
     config.tensor_model_parallel_size = tp
@@ -165,11 +194,17 @@ class LossLog(TrainerCallback):
             self.losses.append(float(logs["loss"]))
 
 
-def reference_model(config):
+def reference_model(config, plain_ops=False):
+    """The single-process model: no parallelism, eager attention, unfused rotary embedding;
+    plain_ops: Paddle's plain ops for RMSNorm too (fuse_rms_norm off), so that no plugin
+    kernel computes the reference."""
     paddle.seed(SEED)
-    ref_config = LlamaConfig(**{**config.to_dict(), "tensor_model_parallel_size": 1, "sequence_parallel": False})
+    config_cls, model_cls, _, _ = model_classes(config)
+    plain = {"fuse_rms_norm": False} if plain_ops else {}
+    ref_config = config_cls(**{**config.to_dict(), "tensor_model_parallel_size": 1, "sequence_parallel": False,
+                               "apply_rope_fusion": False, **plain})
     ref_config._attn_implementation = "eager"
-    return LlamaForCausalLM(ref_config)
+    return model_cls(ref_config)
 
 
 def copy_weights(ref, pipe):
@@ -231,7 +266,7 @@ def training_args(name, cfg, out_dir, **extra):
 def reference_run(config, cfg, dataset, steps, epsilon=ADAM_EPSILON, prepare=None):
     """Parameters and per-step losses of the single-process reference (`prepare`, if
     given, changes the model before training: scripts/paddleformers_split_rows.py)."""
-    ref = reference_model(config)
+    ref = reference_model(config, plain_ops=cfg.get("plain_reference", False))
     if prepare is not None:
         prepare(ref)
     opt = paddle.optimizer.AdamW(LR, parameters=ref.parameters(), weight_decay=0.0,
@@ -333,7 +368,8 @@ def train(name, cfg, out_dir, dataset, resume=None, max_steps=STEPS, save_steps=
         extra.update(save_strategy="steps", save_steps=save_steps)
     args = training_args(name, cfg, out_dir, **extra)
     config = model_config(cfg, cfg.get("tp", 1))
-    pipe = (v_segmented(LlamaForCausalLMPipe) if cfg.get("v") else LlamaForCausalLMPipe)(config)
+    pipe_cls = model_classes(config)[2]
+    pipe = (v_segmented(pipe_cls) if cfg.get("v") else pipe_cls)(config)
     mapping = copy_weights(reference_model(config), pipe)
     log = LossLog(pipe)
     trainer = Trainer(model=pipe, args=args, train_dataset=dataset, eval_dataset=dataset, data_collator=collate,
@@ -365,6 +401,7 @@ def main():
                   "schedule": engine.schedule().kind, "placement": engine.schedule().placement,
                   "sharding_comm_overlap": engine._sharding_comm_overlap,
                   "attn_implementation": config._attn_implementation,
+                  "model": type(pipe).__name__, "rope_fusion": config.apply_rope_fusion,
                   "main_grads": trainer.first_main_grads,
                   "sequence_parallel_params": sum(bool(getattr(p, "sequence_parallel", False))
                                                   for p in pipe.parameters()),
