@@ -10,7 +10,10 @@ devices are untouched. ProcessGroupGloo also gets reduce_scatter and all_to_all
 (every form: tensor, list, single with split sizes, and on the calc stream), which
 Paddle leaves unimplemented there, built from its all_reduce and all_gather
 (paddle_ext.comm.gloo_exchange): sequence parallelism and MoE token dispatch run on
-CPU. With 4 or more gloo ranks, fleet's topology set-up also
+CPU. fleet's TensorParallel wrapper (tensor parallelism without a pipeline) broadcasts
+its inputs through hybrid_parallel_util.broadcast_input_data, which asserts a GPU, XPU
+or custom device: it gets a CPU path too (rebound where fleet imported it by name).
+With 4 or more gloo ranks, fleet's topology set-up also
 fails: ProcessGroupGloo rendezvous with unprefixed keys in the job's one store,
 so each gloo group now gets a store of its own (paddle_ext.comm.gloo).
 """
@@ -20,6 +23,7 @@ from __future__ import annotations
 from paddle_ext import compat
 from paddle_ext.comm.gloo import (
     CALC_STREAM_METHODS,
+    cpu_broadcast_input_data,
     cpu_c_concat,
     cpu_c_identity,
     private_store_process_groups,
@@ -36,15 +40,25 @@ def _apply(patcher: Patcher) -> None:
         patcher.swap(owner, "c_identity", cpu_c_identity(owner.c_identity))
     for owner in compat.c_concat_owners():
         patcher.swap(owner, "c_concat", cpu_c_concat(owner.c_concat))
+    util = _hybrid_parallel_util()
+    # imported=True: fleet's TensorParallel module took the function by name at import
+    patcher.swap(util, "broadcast_input_data", cpu_broadcast_input_data(util.broadcast_input_data), imported=True)
     collective = compat.collective_module()
     patcher.swap(collective, "_new_process_group_impl",
                  private_store_process_groups(collective._new_process_group_impl))
 
 
+def _hybrid_parallel_util():
+    import importlib
+
+    return importlib.import_module("paddle.distributed.fleet.utils.hybrid_parallel_util")
+
+
 def _verify() -> bool:
     cls = compat.gloo_process_group_class()
     methods = all(vars(cls).get(name) is fn for name, fn in {**CALC_STREAM_METHODS, **EXCHANGE_METHODS}.items())
-    return methods and all(hasattr(o.c_identity, "__wrapped__") for o in compat.c_identity_owners())
+    return (methods and all(hasattr(o.c_identity, "__wrapped__") for o in compat.c_identity_owners())
+            and hasattr(_hybrid_parallel_util().broadcast_input_data, "__wrapped__"))
 
 
 def _unavailable() -> str | None:

@@ -1,5 +1,6 @@
 """The patch series: enable/disable round trips, configuration, the table."""
 
+import importlib
 import os
 import subprocess
 import sys
@@ -34,6 +35,8 @@ def patched_attributes():
                                          "recv_on_calc_stream", "broadcast_on_calc_stream",
                                          "all_gather_into_tensor_on_calc_stream")]
     owners += [(gloo, name) for name in EXCHANGE_METHODS]
+    owners += [(importlib.import_module("paddle.distributed.fleet.utils.hybrid_parallel_util"),
+                "broadcast_input_data")]
     owners += [(owner, "c_identity") for owner in compat.c_identity_owners()]
     owners += [(owner, "c_concat") for owner in compat.c_concat_owners()]
     owners += [(compat.collective_module(), "_new_process_group_impl")]

@@ -115,6 +115,55 @@ class _LazyConcat:
 _CpuConcat = _LazyConcat
 
 
+def cpu_broadcast_input_data(original: Callable[..., Any]) -> Callable[..., Any]:
+    """fleet's broadcast_input_data (hybrid_parallel_util; TensorParallel's `_pre_forward`
+    sends the model-parallel group's first rank's inputs to the others) with a CPU path:
+    Paddle's asserts a GPU, XPU or custom device ("Only support xpu, gpu and custom_device
+    now, but this is cpu"), so a tensor-parallel model without pipeline parallelism could
+    not run a forward on CPU. On CPU, as Paddle does on a GPU: every tensor in the inputs
+    (nested in dicts, lists, tuples) takes the first rank's shape and data, in place; any
+    other object is broadcast as an object (3.x's handling; 2.6.2 walked only the top
+    level). Returns (inputs, kwargs) as Paddle's does. Other devices keep the original."""
+
+    def broadcast_input_data(hcg: Any, *inputs: Any, **kwargs: Any) -> Any:
+        import paddle
+
+        if paddle.get_device().split(":")[0] != "cpu":
+            return original(hcg, *inputs, **kwargs)
+        for value in (*inputs, *kwargs.values()):
+            _broadcast_nested(hcg, value)
+        return inputs, kwargs
+
+    broadcast_input_data.__wrapped__ = original  # type: ignore[attr-defined]
+    return broadcast_input_data
+
+
+def _broadcast_nested(hcg: Any, value: Any) -> None:
+    import paddle
+
+    group, src = hcg.get_model_parallel_group(), hcg.get_model_parallel_group_src_rank()
+    if isinstance(value, dict):
+        for item in value.values():
+            _broadcast_nested(hcg, item)
+    elif isinstance(value, (list, tuple)):
+        for item in value:
+            _broadcast_nested(hcg, item)
+    elif isinstance(value, paddle.Tensor):
+        with paddle.no_grad():
+            shape = paddle.to_tensor(list(value.shape), dtype="int64")
+            paddle.distributed.broadcast(shape, src=src, group=group, sync_op=True)
+            if hcg.get_model_parallel_rank() == 0:
+                paddle.distributed.broadcast(value, src=src, group=group, sync_op=True)
+            else:
+                received = paddle.zeros([int(n) for n in shape.numpy()], dtype=value.dtype)
+                paddle.distributed.broadcast(received, src=src, group=group, sync_op=True)
+                # assign, not Paddle's _share_buffer_to: that keeps the tensor's old shape over
+                # the new buffer (an element read past its end where the shapes differ)
+                paddle.assign(received, output=value)
+    else:
+        paddle.distributed.broadcast_object_list([value], src=src, group=group)
+
+
 def private_store_process_groups(original: Callable[..., Any]) -> Callable[..., Any]:
     """_new_process_group_impl that gives every gloo group its own TCPStore.
 

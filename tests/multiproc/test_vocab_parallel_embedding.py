@@ -1,4 +1,5 @@
-"""fleet's VocabParallelEmbedding (mp_degree=2) on gloo with paddle_ext enabled."""
+"""fleet's VocabParallelEmbedding and TensorParallel wrapper (mp_degree=2) on gloo with
+paddle_ext enabled."""
 
 import pytest
 
@@ -23,3 +24,12 @@ def test_out_of_range_id_on_one_rank_ends_every_rank_with_the_message():
     assert "ids[1, 3] = 13 is out of range" in result.logs[1], result.describe()
     assert "[0, vocab_size) = [0, 10)" in result.logs[1]
     assert "matches the full table" not in result.all_text()
+
+
+def test_tensor_parallel_wrapper_gives_every_rank_the_first_ranks_inputs():
+    """fleet's TensorParallel broadcasts the inputs over the model-parallel group (stock
+    Paddle asserts a GPU there; the gloo_calc_stream unit's CPU path)."""
+    result = launch("vocab_parallel_embedding.py", "tp-inputs", nproc=2, timeout=150)
+    assert result.returncode == 0, result.describe()
+    for rank in (0, 1):
+        assert f"rank {rank}: tensor-parallel inputs are rank 0's" in result.logs[rank]

@@ -27,6 +27,9 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
            attention over two documents, fused rotary embedding (apply_rope_fusion) and fused
            RMSNorm, all three served on CPU by the plugin; the reference runs none of them:
            ERNIE's own rotary, eager attention, Paddle's plain ops for RMSNorm (2 ranks)
+        m  tensor parallel 2 without pipeline parallelism: fleet's TensorParallel wrapper, whose
+           input broadcast asserts a GPU in stock Paddle (the gloo_calc_stream unit's CPU path),
+           LlamaForCausalLM itself in the Trainer (2 ranks)
 
 CONFIG may name several, comma-separated, for one topology and accumulation count (c,d):
 each gets its own Trainer in this process (a second fleet.init in one process keeps the
@@ -92,6 +95,7 @@ CONFIGS = {
     "h": dict(acc=4, attn="flashmask", documents=(0, 3, SEQ)),
     "i": dict(acc=4, tp=2, sequence_parallel=True),
     "j": dict(acc=4, sharding=2, sharding_overlap=True),
+    "m": dict(acc=4, tp=2, pp=1),
     "l": dict(acc=4, model="ernie4_5", attn="flashmask", rope_fusion=True, documents=(0, 5, SEQ),
               plain_reference=True),
     "k": dict(acc=4, switches=dict(pp_release_grads=True, overlap_p2p_comm=True, clear_every_step_cache=True,
@@ -211,8 +215,11 @@ def copy_weights(ref, pipe):
     """The pipe's parameters from the reference, by structure name: the pipe names
     layers embed / decoder i / norm / head after their LayerDescs."""
     ref_state = ref.state_dict()
-    pipe._set_pipeline_name_mapping()
-    mapping = pipe._pp_to_single_mapping
+    if hasattr(pipe, "_set_pipeline_name_mapping"):
+        pipe._set_pipeline_name_mapping()
+        mapping = pipe._pp_to_single_mapping
+    else:  # no pipeline parallelism: the single-process class, its own names
+        mapping = {key: key for key in ref_state}
     pipe_state = paddle.nn.Layer.state_dict(pipe)
     done = {}
     for pipe_key, tensor in pipe_state.items():
@@ -247,7 +254,7 @@ def training_args(name, cfg, out_dir, **extra):
         per_device_eval_batch_size=1, gradient_accumulation_steps=cfg["acc"], max_steps=STEPS,
         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         max_grad_norm=0.0, logging_steps=1, save_strategy="no", seed=SEED, dataloader_shuffle=False,
-        disable_tqdm=True, report_to="none", pipeline_model_parallel_size=2,
+        disable_tqdm=True, report_to="none", pipeline_model_parallel_size=cfg.get("pp", 2),
         tensor_model_parallel_size=tp, sharding_parallel_size=sharding,
         sharding="stage1" if sharding > 1 else "", split_param=False,
         forward_backward_overlap_scheduler=cfg.get("forward_backward_overlap_scheduler", False),
@@ -368,7 +375,9 @@ def train(name, cfg, out_dir, dataset, resume=None, max_steps=STEPS, save_steps=
         extra.update(save_strategy="steps", save_steps=save_steps)
     args = training_args(name, cfg, out_dir, **extra)
     config = model_config(cfg, cfg.get("tp", 1))
-    pipe_cls = model_classes(config)[2]
+    _, model_cls, pipe_cls, _ = model_classes(config)
+    if cfg.get("pp", 2) == 1:
+        pipe_cls = model_cls
     pipe = (v_segmented(pipe_cls) if cfg.get("v") else pipe_cls)(config)
     mapping = copy_weights(reference_model(config), pipe)
     log = LossLog(pipe)
@@ -397,9 +406,10 @@ def main():
                   "first_grads": compare_grads(trainer.first_grads, ref.first_grads, pipe, mapping,
                                                sharding_owned(trainer)),
                   "classes": [c.__name__ for c in type(engine).__mro__],
-                  "dp_comm_overlap": engine._dp_comm_overlap,
-                  "schedule": engine.schedule().kind, "placement": engine.schedule().placement,
-                  "sharding_comm_overlap": engine._sharding_comm_overlap,
+                  "dp_comm_overlap": getattr(engine, "_dp_comm_overlap", None),
+                  "schedule": engine.schedule().kind if hasattr(engine, "schedule") else None,
+                  "placement": engine.schedule().placement if hasattr(engine, "schedule") else None,
+                  "sharding_comm_overlap": getattr(engine, "_sharding_comm_overlap", None),
                   "attn_implementation": config._attn_implementation,
                   "model": type(pipe).__name__, "rope_fusion": config.apply_rope_fusion,
                   "main_grads": trainer.first_main_grads,

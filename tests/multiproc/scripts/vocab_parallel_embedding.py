@@ -4,6 +4,8 @@ mode "parity": every rank checks that the vocab-parallel lookup equals a
 full-table embedding and that its weight grad equals its slice of the full grad;
 "parity-float64" the same with a float64 table (stock CPU c_embedding takes it).
 mode "bad-id": rank 1 looks up an id >= vocab_size; the checked op must raise.
+mode "tp-inputs": fleet.distributed_model's TensorParallel wrapper (no pipeline) gives every
+rank the first rank's inputs, nested ones and another shape included, as it does on GPUs.
 """
 
 import sys
@@ -17,12 +19,38 @@ import paddle_ext
 VOCAB, WIDTH = 10, 4
 
 
+class Seen(paddle.nn.Layer):
+    """Returns what its forward received."""
+
+    def forward(self, x, extra=None):
+        return x, extra
+
+
+def tensor_parallel_inputs(rank: int) -> None:
+    model = fleet.distributed_model(Seen())
+    assert type(model).__name__ == "TensorParallel", type(model)
+    first = {"x": np.arange(6, dtype="float32").reshape(2, 3), "y": np.array([7, 8], dtype="int64")}
+    if rank == 0:
+        x, y = first["x"], first["y"]
+    else:  # another shape and other values: replaced by rank 0's
+        x, y = np.full([4, 3], -1, dtype="float32"), np.array([0], dtype="int64")
+    extra = {"y": [paddle.to_tensor(y)], "scale": 2.0}
+    seen_x, seen_extra = model(paddle.to_tensor(x), extra=extra)
+    np.testing.assert_array_equal(seen_x.numpy(), first["x"])
+    np.testing.assert_array_equal(seen_extra["y"][0].numpy(), first["y"])
+    assert seen_extra["scale"] == 2.0
+    print(f"rank {rank}: tensor-parallel inputs are rank 0's", flush=True)
+
+
 def main(mode: str) -> None:
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 2, "pp_degree": 1}
     fleet.init(is_collective=True, strategy=strategy)
     paddle_ext.enable()
     rank = paddle.distributed.get_rank()
+    if mode == "tp-inputs":
+        tensor_parallel_inputs(rank)
+        return
     dtype = "float64" if mode == "parity-float64" else "float32"
     paddle.set_default_dtype(dtype)
 
