@@ -18,6 +18,7 @@ from paddle_ext.patches import (
     flash_attention,
     fused_rms_norm,
     fused_rotary,
+    host_checkpoint,
     read_series,
     series,
 )
@@ -53,6 +54,10 @@ def patched_attributes():
     owners += [(gloo, name) for name in ("eager_connect", "eager_connect_ring_exchange")]
     owners += [(owner, "synchronize") for owner in device_synchronize.owners()]
     owners += [(fused_rms_norm.owner(), name) for name in fused_rms_norm.present()]
+    if host_checkpoint.UNIT.unavailable() is None:  # 3.2+ on a CPU build
+        import paddle.distributed as dist
+
+        owners += [(host_checkpoint.owner(), "load_state_dict"), (dist, "load_state_dict")]
     if compat.upstream_schedule_node_classes() is None:  # 2.6, 3.0: the unit adds them
         owners += [(compat.meta_parallel_module(), name) for name in ("ScheduleNode", "ScheduleChunk")]
     return {(id(o), name): vars(o).get(name, MISSING) for o, name in owners}
@@ -66,7 +71,7 @@ def test_series_file_lists_every_unit_with_its_upstream_pr():
     names = read_series()
     assert names == ["gloo_calc_stream", "c_embedding_check", "pipeline_engine", "fused_rotary", "fb_overlap",
                      "flash_attention", "comm_debug", "eager_connection", "device_synchronize",
-                     "fused_rms_norm", "paddleformers_overlap"]
+                     "fused_rms_norm", "paddleformers_overlap", "host_checkpoint"]
     for state in series().states:
         assert state.unit.upstream, state.unit.name
         assert all(isinstance(n, int) and n > 1000 for n in state.unit.upstream)
@@ -141,6 +146,8 @@ def test_a_name_imported_before_enable_reaches_the_plugin_and_gets_paddles_back(
 
 # Units that serve an optional package: skipped (with the reason) where it is not installed.
 OPTIONAL_PACKAGES = {"paddleformers_overlap": "paddleformers"}
+# Units for a part of Paddle some releases lack: skipped (with the reason) there.
+RELEASE_PARTS = {"host_checkpoint": "flex_checkpoint"}
 
 
 def test_every_unit_applies_on_this_paddle():
@@ -151,6 +158,8 @@ def test_every_unit_applies_on_this_paddle():
         package = OPTIONAL_PACKAGES.get(unit)
         if package is not None and importlib.util.find_spec(package) is None:
             assert status.startswith("skipped (") and "not installed" in status, (unit, status)
+        elif unit in RELEASE_PARTS and importlib.util.find_spec(f"paddle.distributed.{RELEASE_PARTS[unit]}") is None:
+            assert status.startswith("skipped (") and RELEASE_PARTS[unit] in status, (unit, status)
         else:
             assert status == "applied", (unit, status)
 

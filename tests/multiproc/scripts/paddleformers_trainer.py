@@ -29,7 +29,8 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
            ERNIE's own rotary, eager attention, Paddle's plain ops for RMSNorm (2 ranks)
         m  tensor parallel 2 without pipeline parallelism: fleet's TensorParallel wrapper, whose
            input broadcast asserts a GPU in stock Paddle (the gloo_calc_stream unit's CPU path),
-           LlamaForCausalLM itself in the Trainer (2 ranks)
+           LlamaForCausalLM itself in the Trainer; evaluate() and the resume as a's, the
+           resume resharding the tensor-parallel slices over gloo (unit host_checkpoint) (2 ranks)
 
 CONFIG may name several, comma-separated, for one topology and accumulation count (c,d):
 each gets its own Trainer in this process (a second fleet.init in one process keeps the
@@ -95,7 +96,7 @@ CONFIGS = {
     "h": dict(acc=4, attn="flashmask", documents=(0, 3, SEQ)),
     "i": dict(acc=4, tp=2, sequence_parallel=True),
     "j": dict(acc=4, sharding=2, sharding_overlap=True),
-    "m": dict(acc=4, tp=2, pp=1),
+    "m": dict(acc=4, tp=2, pp=1, eval_resume=True),
     "l": dict(acc=4, model="ernie4_5", attn="flashmask", rope_fusion=True, documents=(0, 5, SEQ),
               plain_reference=True),
     "k": dict(acc=4, switches=dict(pp_release_grads=True, overlap_p2p_comm=True, clear_every_step_cache=True,
