@@ -22,6 +22,7 @@ sizes against its peers', so no rank is left waiting for one that raised.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from typing import Any, Callable
 
@@ -30,6 +31,18 @@ def _paddle() -> Any:
     import paddle
 
     return paddle
+
+
+def _communication(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Runs fn with autograd off: a collective writes its output without recording a
+    gradient, as Paddle's own do (an input that wants gradients leaves out_tensor alone)."""
+
+    @functools.wraps(fn)
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with _paddle().no_grad():
+            return fn(*args, **kwargs)
+
+    return run
 
 
 def _agree(group: Any, name: str, problem: str | None) -> None:
@@ -65,6 +78,7 @@ def _reduced_rows(group: Any, tensor: Any, rows: int, op: Any) -> tuple[Any, Any
     return reduced[rank * rows:(rank + 1) * rows], task
 
 
+@_communication
 def reduce_scatter_tensor(self: Any, out: Any, tensor: Any, op: Any, sync_op: bool = True) -> Any:
     """out = this rank's block of dim 0 of the group's reduction of `tensor`, whose shape
     is [group size * out's rows, *out's other dims]."""
@@ -83,6 +97,7 @@ def reduce_scatter_tensor(self: Any, out: Any, tensor: Any, op: Any, sync_op: bo
     return task
 
 
+@_communication
 def reduce_scatter(self: Any, out: Any, tensors: Any, op: Any, sync_op: bool = True) -> Any:
     """out = the group's reduction of tensors[this rank] (the list has one tensor per rank)."""
     size = self.size()
@@ -177,6 +192,7 @@ def _exchange(group: Any, name: str, out: Any, tensor: Any, out_sizes: list[int]
     return task
 
 
+@_communication
 def all_to_all_single(self: Any, out: Any, tensor: Any, out_sizes: list[int], in_sizes: list[int],
                       sync_op: bool = True) -> Any:
     """Rows of dim 0 in blocks: in_sizes[i] rows to rank i, out_sizes[i] rows from rank i
@@ -184,11 +200,13 @@ def all_to_all_single(self: Any, out: Any, tensor: Any, out_sizes: list[int], in
     return _exchange(self, "all_to_all_single", out, tensor, out_sizes, in_sizes)
 
 
+@_communication
 def all_to_all_tensor(self: Any, out: Any, tensor: Any, sync_op: bool = True) -> Any:
     """Dim 0 split evenly: block i to rank i, out's block i from rank i."""
     return _exchange(self, "all_to_all", out, tensor, [], [])
 
 
+@_communication
 def all_to_all(self: Any, outs: Any, tensors: Any, sync_op: bool = True) -> Any:
     """tensors[i] to rank i; outs[i] from rank i (shapes per pair may differ, as long as
     what rank i sends this rank has outs[i]'s element count)."""

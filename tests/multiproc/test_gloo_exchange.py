@@ -22,7 +22,7 @@ def test_every_form_equals_numpy():
     for rank in range(RANKS):
         cases = passed(result.logs[rank])
         assert {"reduce_scatter tensor float32", "reduce_scatter tensor bfloat16", "reduce_scatter list",
-                "reduce_scatter tensor max calc_stream", "reduce_scatter tensor async", "reduce_scatter 3-d",
+                "reduce_scatter tensor max calc_stream", "reduce_scatter tensor async", "reduce_scatter 3-d", "reduce_scatter records no gradient",
                 "alltoall list from 2", "alltoall list calc_stream", "alltoall_single even",
                 "alltoall_single uneven", "alltoall_single empty pairs"} <= cases, (rank, cases)
 

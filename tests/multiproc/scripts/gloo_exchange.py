@@ -46,6 +46,12 @@ def values(size: int, rank: int) -> None:
     task = dist.stream.reduce_scatter(out, paddle.to_tensor(full[rank]), sync_op=False)
     task.wait()
     check("reduce_scatter tensor async", out.numpy(), sum(full)[rank * 2:rank * 2 + 2])
+    # an input that wants gradients: the output records none, as Paddle's collectives
+    x = paddle.to_tensor(full[rank], stop_gradient=False)
+    out = paddle.empty([2, 3])
+    dist.stream.reduce_scatter(out, x)
+    assert out.stop_gradient, "reduce_scatter's output records a gradient"
+    check("reduce_scatter records no gradient", out.numpy(), sum(full)[rank * 2:rank * 2 + 2])
     # list form (paddle.distributed.reduce_scatter): tensor_list[i] is rank i's share
     parts = [[data(r + i, 2, width=4) for i in range(size)] for r in range(size)]
     out = paddle.empty([2, 4])
