@@ -482,6 +482,23 @@ def c_concat_owners() -> list:
 
     ops = getattr(paddle, "_C_ops", None)
     return [ops] if paddle_version()[0] >= 3 and ops is not None and hasattr(ops, "c_concat") else []
+
+def c_softmax_with_cross_entropy_owners() -> list[tuple[Any, str]]:
+    """(module, calling convention) for each op module with c_softmax_with_cross_entropy,
+    the op of fleet's ParallelCrossEntropy: 3.x's mp_ops calls _C_ops positionally
+    (logits, label, ignore_index, ring_id, rank, nranks); 2.6's calls _legacy_C_ops with
+    attribute pairs (logits, label, 'ring_id', r, 'rank', k, 'nranks', n, 'ignore_index', i),
+    which 3.x still exports."""
+    import paddle
+
+    found = []
+    for name, convention in (("_C_ops", "positional"), ("_legacy_C_ops", "attributes")):
+        ops = getattr(paddle, name, None)
+        if ops is not None and hasattr(ops, "c_softmax_with_cross_entropy"):
+            found.append((ops, convention))
+    return found
+
+
 def linear_is_matmul_then_add() -> bool:
     """Whether paddle.nn.functional.linear in dygraph computes a matmul, then adds the bias
     (Paddle's `linear` op on CPU, 2.6 and 3.x; tested bit for bit against a split matmul).

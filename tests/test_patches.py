@@ -40,6 +40,7 @@ def patched_attributes():
                 "broadcast_input_data")]
     owners += [(owner, "c_identity") for owner in compat.c_identity_owners()]
     owners += [(owner, "c_concat") for owner in compat.c_concat_owners()]
+    owners += [(owner, "c_softmax_with_cross_entropy") for owner, _ in compat.c_softmax_with_cross_entropy_owners()]
     owners += [(compat.collective_module(), "_new_process_group_impl")]
     owners += [(module, "distributed_model") for module in compat.fleet_modules()]
     owners += [(compat.parallel_env_class(), "device_id")]
@@ -69,7 +70,7 @@ def statuses():
 
 def test_series_file_lists_every_unit_with_its_upstream_pr():
     names = read_series()
-    assert names == ["gloo_calc_stream", "c_embedding_check", "pipeline_engine", "fused_rotary", "fb_overlap",
+    assert names == ["gloo_calc_stream", "c_embedding_check", "parallel_cross_entropy", "pipeline_engine", "fused_rotary", "fb_overlap",
                      "flash_attention", "comm_debug", "eager_connection", "device_synchronize",
                      "fused_rms_norm", "paddleformers_overlap", "host_checkpoint"]
     for state in series().states:

@@ -9,6 +9,7 @@ maps onto the synchronous op of the same name.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 
@@ -77,12 +78,13 @@ def cpu_c_concat(original: Callable[..., Any]) -> Callable[..., Any]:
         group = compat.group_map().get(int(ring_id))
         if group is None:
             raise ValueError(f"c_concat: ring_id = {ring_id} names no process group")
-        return _CpuConcat.apply(tensor, group, int(rank), int(nranks))
+        return _cpu_concat_class().apply(tensor, group, int(rank), int(nranks))
 
     c_concat.__wrapped__ = original  # type: ignore[attr-defined]
     return c_concat
 
 
+@functools.cache  # built on first use: importing paddle here would make this module's import cost paddle's
 def _cpu_concat_class() -> Any:
     import paddle
     from paddle.autograd import PyLayer
@@ -100,19 +102,6 @@ def _cpu_concat_class() -> Any:
             return paddle.split(grad, ctx.nranks, axis=-1)[ctx.rank]
 
     return CpuConcat
-
-
-class _LazyConcat:
-    _cls: Any = None
-
-    @classmethod
-    def apply(cls, *args: Any) -> Any:
-        if cls._cls is None:
-            cls._cls = _cpu_concat_class()
-        return cls._cls.apply(*args)
-
-
-_CpuConcat = _LazyConcat
 
 
 def cpu_broadcast_input_data(original: Callable[..., Any]) -> Callable[..., Any]:

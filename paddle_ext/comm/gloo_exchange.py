@@ -45,22 +45,30 @@ def _communication(fn: Callable[..., Any]) -> Callable[..., Any]:
     return run
 
 
-def _agree(group: Any, name: str, problem: str | None) -> None:
-    """Raises on every rank when any rank of the group found a problem in its arguments:
-    its own message there, the other ranks naming it."""
+def agree_on_arguments(group: Any, name: str, problem: str | None, error: type[Exception] = ValueError,
+                       share: int = 0) -> list[int]:
+    """Raises `error` on every rank when any rank of the group (a ProcessGroup) found a
+    problem in its arguments: its own message there, the other ranks naming it. One small
+    all_reduce, so a refusal never leaves the other ranks waiting in the next collective.
+    It also carries one integer per rank (`share`, e.g. a row count): returns every rank's,
+    in rank order, the same list on every rank."""
     paddle = _paddle()
     from paddle.base import core
 
-    flags = paddle.zeros([group.size()], dtype="int64")
+    size, rank = group.size(), group.rank()
+    flags = paddle.zeros([2 * size], dtype="int64")
+    flags[size + rank] = int(share)
     if problem is not None:
-        flags[group.rank()] = 1
+        flags[rank] = 1
     group.all_reduce(flags, core.ReduceOp.SUM, True)
     if problem is not None:
-        raise ValueError(f"{name}: {problem}")
-    refused = [int(r) for r in flags.nonzero().flatten().numpy()]
+        raise error(f"{name}: {problem}")
+    values = [int(v) for v in flags.numpy()]
+    refused = [r for r in range(size) if values[r]]
     if refused:
-        raise ValueError(f"{name}: rank(s) {refused} of the group refused their arguments (their errors say why); "
-                         f"this rank's were fine")
+        raise error(f"{name}: rank(s) {refused} of the group refused their arguments (their errors say why); "
+                    f"this rank's were fine")
+    return values[size:]
 
 
 def _write(out: Any, value: Any) -> None:
@@ -91,7 +99,7 @@ def reduce_scatter_tensor(self: Any, out: Any, tensor: Any, op: Any, sync_op: bo
     elif list(tensor.shape) != want:
         problem = (f"in_tensor's shape {list(tensor.shape)} must be [group size {size} x out_tensor's {rows} "
                    f"rows, *out_tensor's other dims] = {want}")
-    _agree(self, "reduce_scatter", problem)
+    agree_on_arguments(self, "reduce_scatter", problem)
     block, task = _reduced_rows(self, tensor, rows, op)
     _write(out, block)
     return task
@@ -110,7 +118,7 @@ def reduce_scatter(self: Any, out: Any, tensors: Any, op: Any, sync_op: bool = T
                 problem = (f"tensor_list[{i}] is {t.dtype} {list(t.shape)}, out_tensor {out.dtype} "
                            f"{list(out.shape)}: every tensor of the list must be out_tensor's like")
                 break
-    _agree(self, "reduce_scatter", problem)
+    agree_on_arguments(self, "reduce_scatter", problem)
     flat = _paddle().concat([t.reshape([-1]) for t in tensors])
     block, task = _reduced_rows(self, flat, int(out.size), op)
     _write(out, block)
@@ -156,7 +164,7 @@ def _exchange(group: Any, name: str, out: Any, tensor: Any, out_sizes: list[int]
         problem = f"in_tensor's dtype {tensor.dtype} differs from out_tensor's {out.dtype}"
     elif list(tensor.shape[1:]) != list(out.shape[1:]):
         problem = f"in_tensor's shape {list(tensor.shape)} and out_tensor's {list(out.shape)} differ past dim 0"
-    _agree(group, name, problem)
+    agree_on_arguments(group, name, problem)
 
     # every rank's sizes, row layout and dtype, so that a disagreement raises everywhere
     layout = zlib.crc32(f"{tensor.dtype} {list(tensor.shape[1:])}".encode())
@@ -218,7 +226,7 @@ def all_to_all(self: Any, outs: Any, tensors: Any, sync_op: bool = True) -> Any:
                    f"{size} ranks, one tensor each")
     elif len({str(t.dtype) for t in [*tensors, *outs]}) > 1:
         problem = f"the tensors' dtypes differ: {[str(t.dtype) for t in [*tensors, *outs]]}"
-    _agree(self, "all_to_all", problem)
+    agree_on_arguments(self, "all_to_all", problem)
     flat_in = paddle.concat([t.reshape([-1]) for t in tensors])
     flat_out = paddle.empty([sum(int(o.size) for o in outs)], dtype=outs[0].dtype)
     task = _exchange(self, "all_to_all", flat_out, flat_in, [int(o.size) for o in outs],

@@ -7,7 +7,8 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
         c  pp2 x dp2                          (4 ranks)
         d  pp2 x dp2, dp_comm_overlap         (4 ranks)
         e  pp2 x sharding2 stage 1            (4 ranks)
-        f  pp2 x tensor parallel 2            (4 ranks)
+        f  pp2 x tensor parallel 2, the head's logits gathered (tensor_parallel_output=False,
+           c_concat) for the plain cross entropy (4 ranks)
         g  pp2 use_dualpipev, accumulation 5: the Trainer's use_dualpipev on the plugin's
            DualPipeV, the pipe V-segmented (paddle_ext.pipeline.v_layer.v_segmented) (2 ranks)
         h  pp2 1F1B, accumulation 4, the pipe's attention PaddleFormers' "flashmask" (the
@@ -15,7 +16,9 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
            eager attention with the mask PaddleFormers builds from the same rows (2 ranks)
         i  pp2 x tensor parallel 2 with sequence_parallel: the activations between the
            tensor-parallel blocks split along the sequence, a reduce-scatter after each
-           row-parallel linear (gloo's, from the gloo_calc_stream unit) (4 ranks)
+           row-parallel linear (gloo's, from the gloo_calc_stream unit); the logits stay split
+           over the vocabulary (PaddleFormers' default tensor_parallel_output=True): fleet's
+           ParallelCrossEntropy (unit parallel_cross_entropy), as in m (4 ranks)
         j  e with pp_sharding_comm_overlap: PaddleFormers wants amp_master_grad for it, and
            that bf16 (fp16_opt_level O2), whose casts and autocast Paddle skips on CPU: the
            model computes in float32 as e's does, its gradients in float32 main_grads (4 ranks)
@@ -91,7 +94,7 @@ CONFIGS = {
     "c": dict(acc=4, dp=2),
     "d": dict(acc=4, dp=2, dp_comm_overlap=True),
     "e": dict(acc=4, sharding=2),
-    "f": dict(acc=4, tp=2),
+    "f": dict(acc=4, tp=2, gathered_logits=True),
     "g": dict(acc=5, v=True),
     "h": dict(acc=4, attn="flashmask", documents=(0, 3, SEQ)),
     "i": dict(acc=4, tp=2, sequence_parallel=True),
@@ -132,9 +135,10 @@ def model_config(cfg, tp):
     if cfg.get("sequence_parallel"):
         config.sequence_parallel = True
         config.max_sequence_length = SEQ  # the pipe's sequence-parallel reshapes read it
-    # Gathered logits and the plain cross entropy: Paddle's parallel cross entropy
-    # (c_softmax_with_cross_entropy) has no CPU kernel.
-    config.tensor_parallel_output = False
+    # PaddleFormers' default, tensor_parallel_output=True, keeps the head's logits split over
+    # the vocabulary and takes fleet's ParallelCrossEntropy (its op has no CPU kernel in
+    # Paddle: unit parallel_cross_entropy); f gathers the logits (c_concat) for the plain loss.
+    config.tensor_parallel_output = not cfg.get("gathered_logits", False)
     return config
 
 

@@ -1,0 +1,51 @@
+"""fleet's ParallelCrossEntropy on gloo with paddle_ext enabled (unit parallel_cross_entropy):
+Paddle registers its op, c_softmax_with_cross_entropy, for GPU and XPU only."""
+
+import pytest
+
+from tests.multiproc.launch import launch
+
+pytestmark = pytest.mark.multiprocess
+
+
+@pytest.mark.parametrize("dtype, nproc", [("float32", 2), ("float64", 3), ("float16", 2)])
+def test_parallel_cross_entropy_matches_numpy(dtype, nproc):
+    result = launch("parallel_cross_entropy.py", f"parity-{dtype}", nproc=nproc, timeout=150)
+    assert result.returncode == 0, result.describe()
+    for rank in range(nproc):
+        assert f"rank {rank}: parallel cross entropy matches numpy ({dtype})" in result.logs[rank]
+
+
+def test_no_rows():
+    result = launch("parallel_cross_entropy.py", "empty", nproc=2, timeout=150)
+    assert result.returncode == 0, result.describe()
+    for rank in (0, 1):
+        assert f"rank {rank}: no rows, no loss" in result.logs[rank]
+
+
+def test_label_out_of_range_on_one_rank_raises_on_every_rank():
+    result = launch("parallel_cross_entropy.py", "bad-label", nproc=2, timeout=150)
+    assert result.returncode == 0, result.describe()
+    assert ("rank 1: ValueError: c_softmax_with_cross_entropy: label[1, 2, 0] = 10 is out of range: labels must "
+            "lie in [0, classes) = [0, 10)") in result.logs[1], result.describe()
+    assert "or equal ignore_index = -100" in result.logs[1]
+    assert "rank 0: ValueError: c_softmax_with_cross_entropy: rank(s) [1] of the group refused" in result.logs[0]
+    for rank in (0, 1):
+        assert f"rank {rank}: the group goes on" in result.logs[rank]
+
+
+def test_ranks_holding_different_rows_raise_on_every_rank():
+    result = launch("parallel_cross_entropy.py", "bad-rows", nproc=2, timeout=150)
+    assert result.returncode == 0, result.describe()
+    for rank in (0, 1):
+        assert (f"rank {rank}: ValueError: c_softmax_with_cross_entropy: the ranks of the group hold [6, 8] rows "
+                "of logits (in rank order)") in result.logs[rank], result.describe()
+        assert f"rank {rank}: the group goes on" in result.logs[rank]
+
+
+def test_dtype_the_gpu_kernel_lacks_is_refused_as_paddle_refuses_it():
+    result = launch("parallel_cross_entropy.py", "bad-dtype", nproc=2, timeout=150)
+    assert result.returncode == 0, result.describe()
+    for rank in (0, 1):
+        assert (f"rank {rank}: RuntimeError: c_softmax_with_cross_entropy: logits dtype bfloat16 is not supported: "
+                "Paddle's GPU kernel takes float32, float64, float16") in result.logs[rank], result.describe()
