@@ -22,6 +22,9 @@ Bounds, per config (relative to the largest magnitude of each parameter / the lo
   for f and for that split single process alike.
 - dp overlap on (d) and off (c) are bitwise equal (same collectives, same order); so are
   sharding overlap on (j) and off (e).
+- c, d and f clip gradients by their global norm (max_grad_norm, with the amp_master_grad
+  PaddleFormers needs for it with pipeline parallelism): the norm the Trainer logs within
+  1e-6 of the single process's, which clips its gradients the same way.
 """
 
 from __future__ import annotations
@@ -106,6 +109,21 @@ def test_trainer_parity(results, name, launch_names):
     if name in ("h", "l"):  # PaddleFormers' flashmask attention, its module's name imported before enable()
         for r in per_rank.values():
             assert [r["attn_implementation"], r["flashmask_unit"]] == ["flashmask", "flash_attention"], r
+
+
+@pytest.mark.parametrize("name,launch_names", [("c", "c,d"), ("d", "c,d"), ("f", "f")])
+def test_gradient_clipping_takes_the_global_norm(results, name, launch_names):
+    """max_grad_norm > 0 (PaddleFormers' default is 1.0; here CLIP, below every step's norm, so
+    that every step clips) at pp2 x dp2, with and without dp overlap, and pp2 x tp2: the
+    global norm fleet's HybridParallelClipGrad takes over the stages and the tensor-parallel
+    slices, after the engine's gradient reduction, equals the single process's gradients'
+    (the tied embedding / head weight counted once per stage that holds it, as Paddle counts
+    it); the parameters of the clipped steps are held to the usual bounds (test_trainer_parity)."""
+    for rank, r in results(launch_names)[name].items():
+        assert len(r["grad_norms"]) == 3 and len(r["ref_grad_norms"]) == 3, (rank, r["grad_norms"])
+        for got, want in zip(r["grad_norms"], r["ref_grad_norms"]):
+            assert abs(got - want) <= 1e-6 * want, f"rank {rank}: global norms {r['grad_norms']} != {r['ref_grad_norms']}"
+        assert min(r["grad_norms"]) > r["clip"], (rank, r["grad_norms"], r["clip"])
 
 
 def test_dp_overlap_through_the_trainer_is_exact(results):

@@ -4,11 +4,12 @@ Usage: paddleformers_trainer.py CONFIG[,CONFIG...] OUT_DIR
 
 CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
         b  pp2 vpp2, accumulation 5, forward_backward_overlap_scheduler (2 ranks)
-        c  pp2 x dp2                          (4 ranks)
-        d  pp2 x dp2, dp_comm_overlap         (4 ranks)
+        c  pp2 x dp2, gradients clipped by their global norm (max_grad_norm = CLIP, with the
+           amp_master_grad PaddleFormers needs for it with pipeline parallelism) (4 ranks)
+        d  c with dp_comm_overlap             (4 ranks)
         e  pp2 x sharding2 stage 1            (4 ranks)
         f  pp2 x tensor parallel 2, the head's logits gathered (tensor_parallel_output=False,
-           c_concat) for the plain cross entropy (4 ranks)
+           c_concat) for the plain cross entropy, gradients clipped as in c (4 ranks)
         g  pp2 use_dualpipev, accumulation 5: the Trainer's use_dualpipev on the plugin's
            DualPipeV, the pipe V-segmented (paddle_ext.pipeline.v_layer.v_segmented) (2 ranks)
         h  pp2 1F1B, accumulation 4, the pipe's attention PaddleFormers' "flashmask" (the
@@ -87,14 +88,17 @@ VOCAB, HIDDEN, SEQ, LAYERS, STEPS, LR, SEED = 64, 16, 8, 4, 3, 1e-2, 1234
 # gradient off by a real factor (a missing scaling) still changes the updates, which a
 # scale-invariant AdamW at 1e-8 would hide.
 ADAM_EPSILON = 1e-4
+# max_grad_norm of the configs that clip: below every step's global norm here (1.6 to 3.3),
+# so that every step clips.
+CLIP = 0.5
 
 CONFIGS = {
     "a": dict(acc=4, eval_resume=True),
     "b": dict(acc=5, vpp=2, forward_backward_overlap_scheduler=True),
-    "c": dict(acc=4, dp=2),
-    "d": dict(acc=4, dp=2, dp_comm_overlap=True),
+    "c": dict(acc=4, dp=2, clip=CLIP),
+    "d": dict(acc=4, dp=2, dp_comm_overlap=True, clip=CLIP),
     "e": dict(acc=4, sharding=2),
-    "f": dict(acc=4, tp=2, gathered_logits=True),
+    "f": dict(acc=4, tp=2, gathered_logits=True, clip=CLIP),
     "g": dict(acc=5, v=True),
     "h": dict(acc=4, attn="flashmask", documents=(0, 3, SEQ)),
     "i": dict(acc=4, tp=2, sequence_parallel=True),
@@ -180,7 +184,7 @@ class LossLog(TrainerCallback):
     (after the Trainer's 1 / accumulation scaling)."""
 
     def __init__(self, pipe):
-        self.losses = []
+        self.losses, self.grad_norms = [], []
         self.pipe = pipe
         self.first_grads = None
 
@@ -201,6 +205,8 @@ class LossLog(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kwargs):
         if logs and "loss" in logs:
             self.losses.append(float(logs["loss"]))
+            if "global_norm" in logs:  # PaddleFormers logs it when it clips
+                self.grad_norms.append(float(logs["global_norm"]))
 
 
 def reference_model(config, plain_ops=False):
@@ -258,7 +264,7 @@ def training_args(name, cfg, out_dir, **extra):
         output_dir=os.path.join(out_dir, f"ckpt-{name}"), per_device_train_batch_size=1,
         per_device_eval_batch_size=1, gradient_accumulation_steps=cfg["acc"], max_steps=STEPS,
         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        max_grad_norm=0.0, logging_steps=1, save_strategy="no", seed=SEED, dataloader_shuffle=False,
+        max_grad_norm=cfg.get("clip", 0.0), logging_steps=1, save_strategy="no", seed=SEED, dataloader_shuffle=False,
         disable_tqdm=True, report_to="none", pipeline_model_parallel_size=cfg.get("pp", 2),
         tensor_model_parallel_size=tp, sharding_parallel_size=sharding,
         sharding="stage1" if sharding > 1 else "", split_param=False,
@@ -269,7 +275,7 @@ def training_args(name, cfg, out_dir, **extra):
         adam_epsilon=ADAM_EPSILON,
     )
     kwargs.update(cfg.get("switches", {}))
-    if cfg.get("sharding_overlap"):
+    if cfg.get("sharding_overlap") or cfg.get("clip"):  # PaddleFormers clips only with amp_master_grad
         kwargs.update(bf16=True, fp16_opt_level="O2", amp_master_grad=True)
     kwargs.update(extra)
     return TrainingArguments(**kwargs)
@@ -283,6 +289,7 @@ def reference_run(config, cfg, dataset, steps, epsilon=ADAM_EPSILON, prepare=Non
         prepare(ref)
     opt = paddle.optimizer.AdamW(LR, parameters=ref.parameters(), weight_decay=0.0,
                                  beta1=0.9, beta2=0.999, epsilon=epsilon)
+    ref.grad_norms = []
     replicas = cfg.get("dp", 1) * cfg.get("sharding", 1)
     per_step = cfg["acc"] * replicas
     losses = []
@@ -302,12 +309,33 @@ def reference_run(config, cfg, dataset, steps, epsilon=ADAM_EPSILON, prepare=Non
                     if replicas > 1:
                         p.grad.scale_(1.0 / replicas)
                     p.grad.scale_(1.0 / cfg["acc"])
-        if step == 0:
+        if step == 0:  # as the Trainer's optimizer gets them, before clipping
             ref.first_grads = {k: (None if t.grad is None else t.grad.numpy().copy()) for k, t in ref.state_dict().items()}
+        if cfg.get("clip"):
+            ref.grad_norms.append(clip_as_hybrid_parallel(ref, config, cfg))
         opt.step()
         opt.clear_grad()
         losses.append(float(total.numpy()) / per_step)
     return ref, losses
+
+
+@paddle.no_grad()
+def clip_as_hybrid_parallel(ref, config, cfg):
+    """Clips the reference's gradients by their global norm as fleet's HybridParallelClipGrad
+    clips a pipeline's (clip / (max(norm, clip) + 1e-6)), returning the norm. A weight tied
+    across pipeline stages (the embedding and the head) counts once per stage that holds it:
+    Paddle's PipelineLayer marks a SharedLayerDesc's weight `is_firstly_shared` only where
+    the parameter's name equals the weight attribute's (`param.name in shared_weight_attr`,
+    "embedding_0.w_0" vs "embedding_weight"), so no stage is told to leave it out."""
+    params = [p for p in ref.parameters() if p.grad is not None]
+    square = sum(float((p.grad.astype("float64") ** 2).sum()) for p in params)
+    if config.tie_word_embeddings and cfg.get("pp", 2) > 1:
+        square += float((ref.get_input_embeddings().weight.grad.astype("float64") ** 2).sum())
+    norm = square ** 0.5
+    factor = cfg["clip"] / (max(norm, cfg["clip"]) + 1e-6)
+    for p in params:
+        p.grad.scale_(factor)
+    return norm
 
 
 def compare(pipe, ref, mapping):
@@ -392,6 +420,7 @@ def train(name, cfg, out_dir, dataset, resume=None, max_steps=STEPS, save_steps=
     trainer.train(resume_from_checkpoint=resume)
     trainer.first_grads = log.first_grads
     trainer.first_main_grads = log.main_grads
+    trainer.grad_norms = log.grad_norms
     return trainer, pipe, mapping, log.losses, config
 
 
@@ -406,6 +435,7 @@ def main():
         engine = trainer.model_wrapped
         ref, ref_losses = reference_run(config, cfg, dataset, STEPS)
         result = {"config": name, "losses": losses, "ref_losses": ref_losses,
+                  "clip": cfg.get("clip"), "grad_norms": trainer.grad_norms, "ref_grad_norms": ref.grad_norms,
                   "params": compare(pipe, ref, mapping),
                   "digest": digest(pipe),
                   "first_grads": compare_grads(trainer.first_grads, ref.first_grads, pipe, mapping,
