@@ -155,10 +155,11 @@ def test_every_pipeline_switch_leaves_the_numbers_alone(results):
         assert k[rank]["digest"] == a[rank]["digest"], f"rank {rank}: the switches changed the parameters"
 
 
-@pytest.mark.parametrize("name", ["a", "m"])
+@pytest.mark.parametrize("name", ["a", "f", "m"])
 def test_evaluate_and_resume(results, name):
-    """m resumes under tensor parallelism: Paddle's FlexCheckpoint loader exchanges the
-    slices between ranks, staged on the host by the host_checkpoint unit."""
+    """f and m resume under tensor parallelism (f with pipeline parallelism and clipping):
+    Paddle's FlexCheckpoint loader exchanges the slices between ranks, staged on the host
+    by the host_checkpoint unit."""
     for rank, r in results(name)[name].items():
         assert abs(r["eval_loss"] - r["ref_eval_loss"]) <= LOSS_BOUND * r["ref_eval_loss"], (rank, r["eval_loss"])
         assert r["resume_max_abs_diff"] == 0.0, f"rank {rank}: resumed run differs by {r['resume_max_abs_diff']}"

@@ -9,7 +9,8 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
         d  c with dp_comm_overlap             (4 ranks)
         e  pp2 x sharding2 stage 1            (4 ranks)
         f  pp2 x tensor parallel 2, the head's logits gathered (tensor_parallel_output=False,
-           c_concat) for the plain cross entropy, gradients clipped as in c (4 ranks)
+           c_concat) for the plain cross entropy, gradients clipped as in c; evaluate() and
+           the resume as a's (4 ranks)
         g  pp2 use_dualpipev, accumulation 5: the Trainer's use_dualpipev on the plugin's
            DualPipeV, the pipe V-segmented (paddle_ext.pipeline.v_layer.v_segmented) (2 ranks)
         h  pp2 1F1B, accumulation 4, the pipe's attention PaddleFormers' "flashmask" (the
@@ -98,7 +99,7 @@ CONFIGS = {
     "c": dict(acc=4, dp=2, clip=CLIP),
     "d": dict(acc=4, dp=2, dp_comm_overlap=True, clip=CLIP),
     "e": dict(acc=4, sharding=2),
-    "f": dict(acc=4, tp=2, gathered_logits=True, clip=CLIP),
+    "f": dict(acc=4, tp=2, gathered_logits=True, clip=CLIP, eval_resume=True),
     "g": dict(acc=5, v=True),
     "h": dict(acc=4, attn="flashmask", documents=(0, 3, SEQ)),
     "i": dict(acc=4, tp=2, sequence_parallel=True),
