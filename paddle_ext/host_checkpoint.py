@@ -18,15 +18,32 @@ instead of Paddle's error; on a CPU build that call could not have succeeded eit
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-_LOCK = threading.RLock()  # one loader call at a time swaps Tensor.cuda
+_LOCK = threading.RLock()  # one scope at a time swaps Tensor.cuda
 
 
 def _stays_on_host(tensor: Any, *args: Any, **kwargs: Any) -> Any:
     return tensor
+
+
+@contextlib.contextmanager
+def cuda_stays_on_host() -> Iterator[None]:
+    """For the length of the block, `Tensor.cuda(...)` answers the tensor itself (a CPU
+    build has no device to stage on). Also used for group sharding's clip on the host
+    (paddle_ext.host_sharding)."""
+    import paddle
+
+    with _LOCK:
+        device_copy = paddle.Tensor.cuda
+        paddle.Tensor.cuda = _stays_on_host
+        try:
+            yield
+        finally:
+            paddle.Tensor.cuda = device_copy
 
 
 def host_staged(original: Callable[..., Any]) -> Callable[..., Any]:
@@ -34,14 +51,7 @@ def host_staged(original: Callable[..., Any]) -> Callable[..., Any]:
 
     @functools.wraps(original)
     def load_state_dict(*args: Any, **kwargs: Any) -> Any:
-        import paddle
-
-        with _LOCK:
-            device_copy = paddle.Tensor.cuda
-            paddle.Tensor.cuda = _stays_on_host
-            try:
-                return original(*args, **kwargs)
-            finally:
-                paddle.Tensor.cuda = device_copy
+        with cuda_stays_on_host():
+            return original(*args, **kwargs)
 
     return load_state_dict

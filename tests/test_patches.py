@@ -19,6 +19,7 @@ from paddle_ext.patches import (
     fused_rms_norm,
     fused_rotary,
     host_checkpoint,
+    host_sharding,
     read_series,
     series,
 )
@@ -59,6 +60,15 @@ def patched_attributes():
         import paddle.distributed as dist
 
         owners += [(host_checkpoint.owner(), "load_state_dict"), (dist, "load_state_dict")]
+    if host_sharding.UNIT.unavailable() is None:  # CPU builds
+        import paddle.distributed.sharding as sharding
+
+        owners += [(host_sharding.dispatcher_module(), "group_sharded_parallel"), (sharding, "group_sharded_parallel")]
+        owners += [(owner, name) for owner, name, _ in host_sharding._targets()]
+        owners += [(importlib.import_module(f"{host_sharding.PACKAGE}.group_sharded_storage").ParamStorage,
+                    "add_rank_params"),
+                   (importlib.import_module(f"{host_sharding.PACKAGE}.group_sharded_utils").GroupShardedClipGrad,
+                    "_dygraph_clip")]
     if compat.upstream_schedule_node_classes() is None:  # 2.6, 3.0: the unit adds them
         owners += [(compat.meta_parallel_module(), name) for name in ("ScheduleNode", "ScheduleChunk")]
     return {(id(o), name): vars(o).get(name, MISSING) for o, name in owners}
@@ -72,7 +82,7 @@ def test_series_file_lists_every_unit_with_its_upstream_pr():
     names = read_series()
     assert names == ["gloo_calc_stream", "c_embedding_check", "parallel_cross_entropy", "pipeline_engine", "fused_rotary", "fb_overlap",
                      "flash_attention", "comm_debug", "eager_connection", "device_synchronize",
-                     "fused_rms_norm", "paddleformers_overlap", "host_checkpoint"]
+                     "fused_rms_norm", "paddleformers_overlap", "host_checkpoint", "host_sharding"]
     for state in series().states:
         assert state.unit.upstream, state.unit.name
         assert all(isinstance(n, int) and n > 1000 for n in state.unit.upstream)

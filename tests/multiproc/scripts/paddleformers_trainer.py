@@ -36,6 +36,11 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
            input broadcast asserts a GPU in stock Paddle (the gloo_calc_stream unit's CPU path),
            LlamaForCausalLM itself in the Trainer; evaluate() and the resume as a's, the
            resume resharding the tensor-parallel slices over gloo (unit host_checkpoint) (2 ranks)
+        n  sharding stage 2 without pipeline parallelism (sharding="stage2": Paddle's
+           group_sharded_parallel, GroupShardedStage2, which asserts a GPU in stock Paddle;
+           unit host_sharding), gradients clipped by their global norm (2 ranks)
+        o  n with stage 3 (GroupShardedStage3: every rank holds a slice of each parameter,
+           gathered by get_all_parameters() before the comparison) (2 ranks)
 
 CONFIG may name several, comma-separated, for one topology and accumulation count (c,d):
 each gets its own Trainer in this process (a second fleet.init in one process keeps the
@@ -107,6 +112,8 @@ CONFIGS = {
     "m": dict(acc=4, tp=2, pp=1, eval_resume=True),
     "l": dict(acc=4, model="ernie4_5", attn="flashmask", rope_fusion=True, documents=(0, 5, SEQ),
               plain_reference=True),
+    "n": dict(acc=4, sharding=2, pp=1, stage="stage2", clip=CLIP),
+    "o": dict(acc=4, sharding=2, pp=1, stage="stage3", clip=CLIP),
     "k": dict(acc=4, switches=dict(pp_release_grads=True, overlap_p2p_comm=True, clear_every_step_cache=True,
                                    best_unbalanced_scheduler=True, offload_queue=True, variable_seq_lengths=True,
                                    pp_sync_param=True, pp_sync_moment=True, timer=True)),
@@ -268,7 +275,7 @@ def training_args(name, cfg, out_dir, **extra):
         max_grad_norm=cfg.get("clip", 0.0), logging_steps=1, save_strategy="no", seed=SEED, dataloader_shuffle=False,
         disable_tqdm=True, report_to="none", pipeline_model_parallel_size=cfg.get("pp", 2),
         tensor_model_parallel_size=tp, sharding_parallel_size=sharding,
-        sharding="stage1" if sharding > 1 else "", split_param=False,
+        sharding=cfg.get("stage", "stage1") if sharding > 1 else "", split_param=False,
         forward_backward_overlap_scheduler=cfg.get("forward_backward_overlap_scheduler", False),
         dp_comm_overlap=cfg.get("dp_comm_overlap", False), do_train=True, amp_master_grad=False,
         use_dualpipev=cfg.get("v", False), sequence_parallel=cfg.get("sequence_parallel", False),
@@ -276,7 +283,8 @@ def training_args(name, cfg, out_dir, **extra):
         adam_epsilon=ADAM_EPSILON,
     )
     kwargs.update(cfg.get("switches", {}))
-    if cfg.get("sharding_overlap") or cfg.get("clip"):  # PaddleFormers clips only with amp_master_grad
+    # PaddleFormers clips under pipeline parallelism only with amp_master_grad
+    if cfg.get("sharding_overlap") or (cfg.get("clip") and cfg.get("pp", 2) > 1):
         kwargs.update(bf16=True, fp16_opt_level="O2", amp_master_grad=True)
     kwargs.update(extra)
     return TrainingArguments(**kwargs)
@@ -434,13 +442,17 @@ def main():
         dataset = Samples(per_step * STEPS, cfg.get("documents", (0, SEQ)))
         trainer, pipe, mapping, losses, config = train(name, cfg, out_dir, dataset)
         engine = trainer.model_wrapped
+        if cfg.get("stage") == "stage3":  # each rank holds a slice of every parameter: gather them
+            engine.get_all_parameters()
         ref, ref_losses = reference_run(config, cfg, dataset, STEPS)
         result = {"config": name, "losses": losses, "ref_losses": ref_losses,
                   "clip": cfg.get("clip"), "grad_norms": trainer.grad_norms, "ref_grad_norms": ref.grad_norms,
                   "params": compare(pipe, ref, mapping),
                   "digest": digest(pipe),
-                  "first_grads": compare_grads(trainer.first_grads, ref.first_grads, pipe, mapping,
-                                               sharding_owned(trainer)),
+                  # stages 2 and 3 keep the reduced gradients in their own buffers, not in the
+                  # parameters' .grad a callback reads: their parameters are compared instead
+                  "first_grads": None if cfg.get("stage") in ("stage2", "stage3") else compare_grads(
+                      trainer.first_grads, ref.first_grads, pipe, mapping, sharding_owned(trainer)),
                   "classes": [c.__name__ for c in type(engine).__mro__],
                   "dp_comm_overlap": getattr(engine, "_dp_comm_overlap", None),
                   "schedule": engine.schedule().kind if hasattr(engine, "schedule") else None,

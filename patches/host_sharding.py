@@ -1,0 +1,81 @@
+"""part-1 cherry from: [Dygraph] Add group sharded api (#40129), with dygraph sharding stage 2
+(#37707) and stage 3 (#38052), extended to CPU builds.
+
+`paddle.distributed.sharding.group_sharded_parallel` and the stage-2 optimizer's and
+stage-3 model's constructors assert a GPU, XPU or custom device, so on a CPU build
+PaddleFormers' `sharding="stage2"` / `"stage3"` without pipeline parallelism failed before
+its first step. This unit runs Paddle's own classes on the host over the group's gloo
+collectives (paddle_ext.host_sharding: the dispatcher builds them with device "cpu"; their
+constructors pass their device checks; parameter storage and the clip's norm stay on the
+host). It acts on the device "cpu" only, which Paddle refuses; CPU builds only (GPU builds
+keep Paddle's classes as they are). The dispatcher is rebound where a module took it by
+name (`paddle.distributed.sharding` exports it).
+"""
+
+from __future__ import annotations
+
+import importlib
+
+from paddle_ext import compat
+from paddle_ext.host_sharding import (
+    clipped_on_host,
+    constructed_on_host,
+    group_sharded_parallel_on_host,
+    params_added_on_host,
+)
+from paddle_ext.patches._unit import Patcher, PatchUnit
+
+PACKAGE = "paddle.distributed.fleet.meta_parallel.sharding"
+
+
+def _module(name: str):
+    return importlib.import_module(f"{PACKAGE}.{name}")
+
+
+def dispatcher_module():
+    return importlib.import_module("paddle.distributed.sharding.group_sharded")
+
+
+def _targets() -> list[tuple[object, str, object]]:
+    """(owner, attribute, the module whose globals it reads) of each constructor patched."""
+    optimizer = _module("group_sharded_optimizer_stage2")
+    stage3 = _module("group_sharded_stage3")
+    return [(optimizer.GroupShardedOptimizerStage2, "__init__", optimizer),
+            (stage3.GroupShardedStage3, "__init__", stage3)]
+
+
+def _apply(patcher: Patcher) -> None:
+    dispatcher = dispatcher_module()
+    wrapper = group_sharded_parallel_on_host(dispatcher.group_sharded_parallel, dispatcher)
+    wrapper.__paddle_ext_unit__ = "host_sharding"
+    patcher.swap(dispatcher, "group_sharded_parallel", wrapper, imported=True)
+    for owner, name, module in _targets():
+        patcher.swap(owner, name, constructed_on_host(vars(owner)[name], module))
+    storage = _module("group_sharded_storage").ParamStorage
+    patcher.swap(storage, "add_rank_params", params_added_on_host(storage.add_rank_params))
+    clip = _module("group_sharded_utils").GroupShardedClipGrad
+    patcher.swap(clip, "_dygraph_clip", clipped_on_host(clip._dygraph_clip))
+
+
+def _verify() -> bool:
+    import paddle.distributed.sharding as sharding
+
+    dispatched = all(getattr(o.group_sharded_parallel, "__paddle_ext_unit__", None) == "host_sharding"
+                     for o in (dispatcher_module(), sharding))
+    return dispatched and all(hasattr(vars(owner)[name], "__wrapped__") for owner, name, _ in _targets())
+
+
+def _unavailable() -> str | None:
+    build = compat.device_build()
+    return None if build == "cpu" else f"a {build} build: group sharding runs on its device"
+
+
+UNIT = PatchUnit(
+    name="host_sharding",
+    upstream=(40129, 37707, 38052),
+    title="Add group sharded api (sharding stage 2 and 3)",
+    summary="group_sharded_parallel (sharding stage 2 / 3, PaddleFormers' sharding without pp) runs on CPU builds",
+    apply=_apply,
+    verify=_verify,
+    unavailable=_unavailable,
+)
