@@ -499,6 +499,16 @@ def c_softmax_with_cross_entropy_owners() -> list[tuple[Any, str]]:
     return found
 
 
+def tensor_fusion_device_aware() -> bool:
+    """Whether fleet's tensor_fusion_helper picks its alignment by device type
+    (get_current_device_type, 3.x: it knows gpu, npu and xpu only); 2.6's aligns every
+    buffer as for "gpu", whatever the device."""
+    import importlib
+
+    module = importlib.import_module("paddle.distributed.fleet.utils.tensor_fusion_helper")
+    return hasattr(module, "get_current_device_type")
+
+
 def linear_is_matmul_then_add() -> bool:
     """Whether paddle.nn.functional.linear in dygraph computes a matmul, then adds the bias
     (Paddle's `linear` op on CPU, 2.6 and 3.x; tested bit for bit against a split matmul).

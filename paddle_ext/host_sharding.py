@@ -23,6 +23,12 @@ only (a call Paddle answers is left alone):
   on "cpu" it runs with the index 0 and `Tensor.cuda` answering the tensor itself
   (`clipped_on_host`; paddle_ext.host_checkpoint.cuda_stays_on_host).
 
+- sharding stage 1 with split_param (DygraphShardingOptimizerV2, PaddleFormers' default)
+  lays its buffers out through fleet's tensor_fusion_helper, whose device table has gpu,
+  npu and xpu only ("tensor fusion helper now only support ... but got device unknown"):
+  on a CPU build whose current place is the host it answers "cpu", aligned as gpu is
+  (256 bytes: the same buffer layout as a GPU run; `fusion_device_on_host`).
+
 Module globals are swapped under one lock, one constructor at a time; another thread
 reading those modules' `core` / `paddle` meanwhile sees the facades, which differ from
 Paddle's only in the two answers above.
@@ -146,3 +152,28 @@ def clipped_on_host(original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, params_grads)
 
     return _dygraph_clip
+
+
+FUSION_ALIGNMENT = 256  # bytes, tensor_fusion_helper's for gpu
+
+
+def fusion_device_on_host(original: Callable[..., Any]) -> Callable[..., Any]:
+    """tensor_fusion_helper.get_current_device_type that answers "cpu" on a CPU build whose
+    current place is the host (Paddle's finds no device type there and asserts); pair it
+    with `fusion_alignment_on_host` of the module's table."""
+
+    @functools.wraps(original)
+    def get_current_device_type() -> str:
+        import paddle
+
+        if (not paddle.is_compiled_with_cuda() and not paddle.is_compiled_with_xpu()
+                and isinstance(paddle.framework._current_expected_place_(), paddle.CPUPlace)):
+            return HOST
+        return original()
+
+    return get_current_device_type
+
+
+def fusion_alignment_on_host(table: dict) -> dict:
+    """tensor_fusion_helper's alignment table with a "cpu" entry."""
+    return {**table, HOST: FUSION_ALIGNMENT}

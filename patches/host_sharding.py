@@ -1,5 +1,6 @@
 """part-1 cherry from: [Dygraph] Add group sharded api (#40129), with dygraph sharding stage 2
-(#37707) and stage 3 (#38052), extended to CPU builds.
+(#37707) and stage 3 (#38052), and sharding stage 1 with split parameters (#57715), extended
+to CPU builds.
 
 `paddle.distributed.sharding.group_sharded_parallel` and the stage-2 optimizer's and
 stage-3 model's constructors assert a GPU, XPU or custom device, so on a CPU build
@@ -7,7 +8,8 @@ PaddleFormers' `sharding="stage2"` / `"stage3"` without pipeline parallelism fai
 its first step. This unit runs Paddle's own classes on the host over the group's gloo
 collectives (paddle_ext.host_sharding: the dispatcher builds them with device "cpu"; their
 constructors pass their device checks; parameter storage and the clip's norm stay on the
-host). It acts on the device "cpu" only, which Paddle refuses; CPU builds only (GPU builds
+host). Stage 1 with split_param (PaddleFormers' default) failed in fleet's tensor fusion
+helper, which knows no host device: it answers "cpu" there now. It acts on the device "cpu" only, which Paddle refuses; CPU builds only (GPU builds
 keep Paddle's classes as they are). The dispatcher is rebound where a module took it by
 name (`paddle.distributed.sharding` exports it).
 """
@@ -20,6 +22,8 @@ from paddle_ext import compat
 from paddle_ext.host_sharding import (
     clipped_on_host,
     constructed_on_host,
+    fusion_alignment_on_host,
+    fusion_device_on_host,
     group_sharded_parallel_on_host,
     params_added_on_host,
 )
@@ -30,6 +34,10 @@ PACKAGE = "paddle.distributed.fleet.meta_parallel.sharding"
 
 def _module(name: str):
     return importlib.import_module(f"{PACKAGE}.{name}")
+
+
+def fusion_module():
+    return importlib.import_module("paddle.distributed.fleet.utils.tensor_fusion_helper")
 
 
 def dispatcher_module():
@@ -55,6 +63,12 @@ def _apply(patcher: Patcher) -> None:
     patcher.swap(storage, "add_rank_params", params_added_on_host(storage.add_rank_params))
     clip = _module("group_sharded_utils").GroupShardedClipGrad
     patcher.swap(clip, "_dygraph_clip", clipped_on_host(clip._dygraph_clip))
+    if compat.tensor_fusion_device_aware():  # 2.6 aligns as for gpu on every device
+        fusion = fusion_module()
+        # imported=True: auto_parallel's modules took both by name
+        patcher.swap(fusion, "alignment", fusion_alignment_on_host(fusion.alignment), imported=True)
+        patcher.swap(fusion, "get_current_device_type", fusion_device_on_host(fusion.get_current_device_type),
+                     imported=True)
 
 
 def _verify() -> bool:
@@ -72,9 +86,9 @@ def _unavailable() -> str | None:
 
 UNIT = PatchUnit(
     name="host_sharding",
-    upstream=(40129, 37707, 38052),
-    title="Add group sharded api (sharding stage 2 and 3)",
-    summary="group_sharded_parallel (sharding stage 2 / 3, PaddleFormers' sharding without pp) runs on CPU builds",
+    upstream=(40129, 37707, 38052, 57715),
+    title="Add group sharded api (sharding stage 2 and 3), split param sharding stage 1",
+    summary="sharding stage 2 / 3 (group_sharded_parallel) and stage 1 with split_param run on CPU builds",
     apply=_apply,
     verify=_verify,
     unavailable=_unavailable,

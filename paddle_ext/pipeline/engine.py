@@ -357,10 +357,11 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         return loss
 
     def _optimizer_step(self, optimizer: Any, lr_scheduler: Any, scaler: Any) -> None:
-        if self.settings.delay_scale_loss and self._grad_sync is None:  # else the reduction scaled
+        reduced_here = self._grad_sync is not None and not self._grad_sync.deferred
+        if self.settings.delay_scale_loss and not reduced_here:  # else the reduction scaled
             for p in self._layers.parameters():
-                if getattr(p, "main_grad", None) is not None:
-                    p.main_grad = p.main_grad.scale(1.0 / self.accumulate_steps)
+                if getattr(p, "main_grad", None) is not None:  # in place: it may be a view of a buffer
+                    p.main_grad.scale_(1.0 / self.accumulate_steps)
                 elif p.grad is not None:
                     p.grad.set_value(p.grad.scale(1.0 / self.accumulate_steps))
         if scaler is not None:

@@ -35,6 +35,9 @@ What happens to a gradient, per step:
    owners, as it does without overlap. The wrapped optimizer's own dp/sharding
    reduction is switched off (`_dp_enable` / `_sharding_enable`, as fleet does for
    pp_configs.dp_comm_overlap / sharding_comm_overlap).
+6. Sharding with split_param (DygraphShardingOptimizerV2: gradients reduce-scattered
+   into slices of the optimizer's flat buffers) without overlap: the engine reduces
+   nothing and the optimizer does, as in fleet's PipelineParallel (`deferred`).
 
 Overlap off runs the very same collectives, in the same order, with the same
 scaling, synchronously after the schedule (InlineWorker): on and off are bitwise
@@ -49,7 +52,7 @@ import os
 import time
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 from paddle_ext import compat
 from paddle_ext.comm import trace
@@ -174,6 +177,7 @@ class GradReducer:
         self._learned = 0
         self._records: dict[int, BucketRecord] = {}
         self.last: Optional[SyncStats] = None
+        self.deferred = False  # this step's reduction left to the optimizer (_defers_to)
         self._broadcast_parameters()
         # Worker threads end before the interpreter finalizes (a daemon thread still in a
         # gloo wait during finalization aborted the process with SIGABRT).
@@ -216,9 +220,6 @@ class GradReducer:
                 "sharding_degree > 1 needs the optimizer from fleet.distributed_optimizer (Paddle's "
                 "DygraphShardingOptimizer): paddle_ext reduces each gradient to the sharding rank that "
                 "owns it (its _param2rank)")
-        if type(sharding_opt).__name__ == "DygraphShardingOptimizerV2":
-            raise GradSyncError("sharding_configs.split_param = True (DygraphShardingOptimizerV2) is not "
-                                "supported by paddle_ext's pipeline gradient reduction; use split_param = False")
         param2rank = sharding_opt._param2rank
 
         def owner_of(param: Any) -> int:
@@ -289,8 +290,8 @@ class GradReducer:
     def prepare(self, optimizer: Any, actions: Sequence[Any]) -> None:
         """Builds the buckets (once; they need the optimizer for sharding owners):
         `actions` is this rank's lowered schedule (its GS<c> order is the order of the
-        chunks' buckets)."""
-        if self.buckets is None:
+        chunks' buckets). Nothing when the optimizer reduces (_defers_to)."""
+        if self.buckets is None and not self._defers_to(optimizer):
             from paddle_ext.pipeline.schedule.ir import GradSync
 
             self._build(optimizer, [a.chunk for a in actions if isinstance(a, GradSync)])
@@ -301,6 +302,9 @@ class GradReducer:
         micro-batch count (default: the constructor's); scale_accumulation: the last
         collective also scales by 1 / microbatches (default: delay_scale_loss; False
         where the caller scales the gradients itself, as PaddleFormers' Trainer does)."""
+        self.deferred = self._defers_to(optimizer)
+        if self.deferred:
+            return
         self.prepare(optimizer, actions)
         if microbatches is not None and microbatches != self.microbatches:
             self.microbatches = microbatches
@@ -317,6 +321,23 @@ class GradReducer:
         self._early = self.settings.early_launch and self._learned > 0
         self._error = None
         self._in_step = True
+
+    def _defers_to(self, optimizer: Any) -> bool:
+        """Whether this step's dp / sharding reduction is the optimizer's, as in fleet's
+        PipelineParallel without overlap: sharding with split_param (Paddle's
+        DygraphShardingOptimizerV2, PaddleFormers' default) reduce-scatters each gradient
+        into the slices of a flat buffer the optimizer owns, which the engine's per-owner
+        buckets are not. Then the engine reduces nothing (dp neither: the optimizer's
+        dp all-reduce follows its sharding reduction) and leaves the optimizer's
+        reduction switched on. Overlap needs the engine's buckets: refused for it."""
+        if self.sharding == 1 or not any(type(o).__name__ == "DygraphShardingOptimizerV2" for o in _chain(optimizer)):
+            return False
+        if self.overlap:
+            raise GradSyncError(
+                "pp_configs.dp_comm_overlap / sharding_comm_overlap with sharding_configs.split_param = True "
+                "(DygraphShardingOptimizerV2) is not supported by paddle_ext's pipeline gradient reduction: "
+                "turn the overlap off (the optimizer then reduces, as in fleet) or use split_param = False")
+        return True
 
     def on_grad_sync(self, chunk: int) -> None:
         """The interpreter's GS<chunk>: chunk's last backward on this rank is done."""
@@ -434,16 +455,19 @@ def _close_at_exit(reducer: Callable[[], Optional[GradReducer]]) -> None:
         live.close()
 
 
-def _find_in_chain(optimizer: Any, attr: str) -> Any:
-    """The first object along optimizer._inner_opt._inner_opt... that has `attr` itself."""
+def _chain(optimizer: Any) -> Iterator[Any]:
+    """optimizer, optimizer._inner_opt, optimizer._inner_opt._inner_opt, ..."""
     seen = set()
     obj = optimizer
     while obj is not None and id(obj) not in seen:
         seen.add(id(obj))
-        if attr in getattr(obj, "__dict__", {}):
-            return obj
+        yield obj
         obj = getattr(obj, "__dict__", {}).get("_inner_opt")
-    return None
+
+
+def _find_in_chain(optimizer: Any, attr: str) -> Any:
+    """The first object along optimizer._inner_opt._inner_opt... that has `attr` itself."""
+    return next((obj for obj in _chain(optimizer) if attr in getattr(obj, "__dict__", {})), None)
 
 
 def disable_optimizer_reduction(optimizer: Any) -> None:

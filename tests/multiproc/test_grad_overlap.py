@@ -51,6 +51,20 @@ def test_pp2_sharding2_overlap_equals_sync_and_reference():
     _check(launch("grad_overlap_parity.py", "1", "2", f"{EIGHT},{FB}", nproc=4, timeout=180), 4, 10)
 
 
+def test_pp2_sharding2_split_param_leaves_the_reduction_to_the_optimizer():
+    """sharding_configs.split_param (Paddle's DygraphShardingOptimizerV2, PaddleFormers'
+    default): the engine reduces nothing and the optimizer reduce-scatters, as in fleet's
+    PipelineParallel; parameters match the reference, overlap is refused with a message."""
+    result = launch("grad_overlap_parity.py", "1", "2", "1:4:0,2:4:1", "split", nproc=4, timeout=180)
+    assert result.returncode == 0, result.describe()
+    for rank in range(4):
+        log = result.logs[rank]
+        assert f"rank {rank}: all configs passed" in log, result.describe()
+        found = re.findall(rf"rank {rank}: split_param dp=1 sharding=2 .*: the optimizer reduced; "
+                           r"max abs diff to reference (\S+); overlap refused", log)
+        assert len(found) == 2 and all(float(x) <= 1e-6 for x in found), result.describe()
+
+
 def test_pp2_sharding2_dp2_eight_processes():
     _check(launch("grad_overlap_parity.py", "2", "2", f"{EIGHT},{FB}", nproc=8, timeout=300), 8, 10)
 

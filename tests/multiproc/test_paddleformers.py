@@ -22,9 +22,10 @@ Bounds, per config (relative to the largest magnitude of each parameter / the lo
   for f and for that split single process alike.
 - dp overlap on (d) and off (c) are bitwise equal (same collectives, same order); so are
   sharding overlap on (j) and off (e).
-- n and o (sharding stages 2 and 3 without pipeline parallelism) clip too, and are held
-  to the same bounds but for the first step's gradients, which those stages keep in buffers
-  of their own.
+- n and o (sharding stages 2 and 3 without pipeline parallelism) clip too; p and q run
+  sharding stage 1 with split_param (PaddleFormers' default), with and without pipeline
+  parallelism. All four are held to the same bounds but for the first step's gradients,
+  which those optimizers keep in buffers of their own.
 - c, d and f clip gradients by their global norm (max_grad_norm, with the amp_master_grad
   PaddleFormers needs for it with pipeline parallelism): the norm the Trainer logs within
   1e-6 of the single process's, which clips its gradients the same way.
@@ -51,10 +52,10 @@ REL_BOUND = 1e-5
 LOSS_BOUND = 1e-6
 GRAD_BOUND = 1e-5
 LAUNCHES = {"a": 2, "b": 2, "c,d": 4, "f": 4, "g": 2, "h": 2, "i": 4, "e": 4, "j": 4, "k": 2, "l": 2, "m": 2,
-            "n": 2, "o": 2}
-# Sharding stages 2 and 3 keep the reduced gradients in buffers of their own, not in the
-# .grad a callback reads: for them the parameters after the clipped steps are the check.
-NO_GRADIENT_VIEW = {"n", "o"}
+            "n": 2, "o": 2, "p": 4, "q": 2}
+# Sharding stages 2 and 3, and stage 1 with split_param, keep the reduced gradients in
+# buffers of their own, not in the .grad a callback reads: for them the parameters are the check.
+NO_GRADIENT_VIEW = {"n", "o", "p", "q"}
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +99,8 @@ def _check_parity(per_rank: dict, gradients: bool = True) -> None:
 @pytest.mark.parametrize("name,launch_names",
                          [("a", "a"), ("b", "b"), ("c", "c,d"), ("d", "c,d"), ("e", "e"), ("f", "f"), ("g", "g"),
                           ("h", "h"), ("i", "i"), ("j", "j"),
-                          ("k", "k"), ("l", "l"), ("m", "m"), ("n", "n"), ("o", "o")])
+                          ("k", "k"), ("l", "l"), ("m", "m"), ("n", "n"), ("o", "o"),
+                          ("p", "p"), ("q", "q")])
 def test_trainer_parity(results, name, launch_names):
     per_rank = results(launch_names)[name]
     _check_parity(per_rank, gradients=name not in NO_GRADIENT_VIEW)
@@ -106,8 +108,9 @@ def test_trainer_parity(results, name, launch_names):
     if name == "m":  # no pipeline: fleet's own TensorParallel wrapper, on CPU
         assert classes[0] == "TensorParallel", classes
         return
-    if name in ("n", "o"):  # no pipeline: Paddle's group sharding, stage 2 / 3 (unit host_sharding)
-        assert classes[0] == {"n": "GroupShardedStage2", "o": "GroupShardedStage3"}[name], classes
+    if name in ("n", "o", "q"):  # no pipeline: Paddle's sharding wrappers (unit host_sharding)
+        assert classes[0] == {"n": "GroupShardedStage2", "o": "GroupShardedStage3", "q": "ShardingParallel"}[name], (
+            classes)
         return
     assert "PipelineParallel" in classes and classes[1] == "PipelineEngine"
     if name == "b":

@@ -47,6 +47,11 @@ every config. `fb`: pp_configs.forward_backward_overlap_scheduler on every confi
 tiny_gpt (attention/MLP schedule nodes; with `fb`, its overlapped_forward_backward runs
 the F&B steps).
 
+`split`: sharding with sharding_configs.split_param (Paddle's DygraphShardingOptimizerV2,
+PaddleFormers' default): the optimizer reduces the gradients (reduce-scatter into its
+slices), as in fleet's PipelineParallel, and the engine none; per config, overlap off
+against the reference as in 2., and overlap on refused with a GradSyncError.
+
 Before the configs, the fleet path: the strategy's pp_configs given as a PaddleNLP
 pipeline_parallel_config string ("enable_dp_comm_overlap" / "enable_sharding_comm_
 overlap"), fleet.distributed_model must return the engine with overlap on, and one
@@ -60,6 +65,7 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 import paddle.distributed.fleet as fleet
+from paddle.distributed.fleet.utils import mix_precision_utils
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
 from _parity import check_split, ref_param, stage_params, v_stage_params  # noqa: E402
@@ -68,6 +74,7 @@ import examples.overlap_gpt as overlap_gpt  # noqa: E402
 import examples.tiny_gpt as tiny_gpt  # noqa: E402
 import paddle_ext  # noqa: E402
 from examples.tiny_gpt import batch  # noqa: E402
+from paddle_ext.pipeline import grad_sync  # noqa: E402
 from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings  # noqa: E402
 from paddle_ext.pipeline.grad_sync import GradSyncSettings  # noqa: E402
 from paddle_ext.pipeline.schedule.ir import B, GradSync, I, W, computes  # noqa: E402
@@ -84,7 +91,11 @@ REF_BOUND = 1e-6
 MODEL = {"build": tiny_gpt.pipeline_model, "reference": tiny_gpt.Reference, "embedding": tiny_gpt.Embedding}
 
 
-def run_engine(hcg, vpp, m, delay, overlap, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh, zb=False, v=False):
+def run_engine(hcg, vpp, m, delay, overlap, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh, zb=False, v=False,
+               optimizers=None, main_grad=False):
+    """optimizers: a list that gets the optimizer the engine stepped; main_grad: float32
+    main_grads through fleet's MixPrecisionLayer / MixPrecisionOptimizer (PaddleFormers'
+    amp_master_grad)."""
     paddle.seed(0)
     if v and MODEL["build"] is overlap_gpt.overlap_model:
         model = overlap_gpt.overlap_model(VOCAB, hidden, SEQ, blocks=PP * vpp, pp=PP, use_dualpipev=True)
@@ -99,8 +110,15 @@ def run_engine(hcg, vpp, m, delay, overlap, bucket_kb, hidden, use_scaler, fb, p
         extra["kind"] = "zb-v" if zb else "dualpipev"
     elif zb:
         extra["kind"] = "interleaved-zb" if vpp > 1 else "zb-h1"
+    if main_grad:
+        mix_precision_utils.MixPrecisionLayer(model, dtype="bfloat16")
     engine = PipelineEngine(model, hcg, PipelineSettings(m, MBS, delay_scale_loss=delay, grad_sync=sync, **extra))
-    opt = fleet.distributed_optimizer(paddle.optimizer.Adam(1e-2, parameters=model.parameters()))
+    opt = paddle.optimizer.Adam(1e-2, parameters=model.parameters())
+    if main_grad:
+        opt = mix_precision_utils.MixPrecisionOptimizer(opt)
+    opt = fleet.distributed_optimizer(opt)
+    if optimizers is not None:
+        optimizers.append(opt)
     scaler = fleet.distributed_scaler(paddle.amp.GradScaler(init_loss_scaling=1024.0)) if use_scaler else None
     shard = hcg.get_data_parallel_rank() * sh + (hcg.get_sharding_parallel_rank() if sh > 1 else 0)
     losses = []
@@ -249,6 +267,35 @@ def check_fleet_path(hcg, m, dp, sh, shard):
           flush=True)
 
 
+def split_param_configs(hcg, configs, dp, sh, shard, use_scaler):
+    """`split`: the optimizer reduces (DygraphShardingOptimizerV2); overlap is refused."""
+    me, stage = dist.get_rank(), hcg.get_stage_id()
+    for vpp, m, delay, bucket_kb, hidden, fb, p2p, _, zb, v in configs:
+        tag = f"split_param dp={dp} sharding={sh} vpp={vpp} M={m} delay_scale_loss={delay}"
+        optimizers = []
+        engine, params, losses = run_engine(hcg, vpp, m, delay, False, bucket_kb, hidden, use_scaler, fb, p2p, dp,
+                                            sh, zb, v, optimizers, main_grad=True)
+        opt_types = [type(o).__name__ for o in grad_sync._chain(optimizers[0])]
+        assert "DygraphShardingOptimizerV2" in opt_types and engine._grad_sync.deferred, (opt_types, tag)
+        ref, ref_losses = reference(vpp, m, delay, hidden, dp, sh, use_scaler)
+        worst = max(float(np.max(np.abs(value.astype(np.float64) - ref_param(ref, key).numpy())))
+                    for key, value in params.items())
+        assert worst <= REF_BOUND, f"rank {me} {tag}: max abs diff {worst} to the reference > {REF_BOUND}"
+        if stage == PP - 1:
+            for step in range(STEPS):
+                got, want = losses[step].reshape([]), ref_losses[step][shard]
+                assert abs(float(got) - float(want)) <= REF_BOUND * abs(float(want)), (tag, step, got, want)
+        try:
+            run_engine(hcg, vpp, m, delay, True, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh, zb, v, main_grad=True)
+        except grad_sync.GradSyncError as err:
+            assert "with sharding_configs.split_param = True" in str(err), err
+        else:
+            raise AssertionError(f"rank {me} {tag}: overlap with split_param was not refused")
+        print(f"rank {me}: {tag}: the optimizer reduced; max abs diff to reference {worst:.3g}; overlap refused",
+              flush=True)
+    print(f"rank {me}: all configs passed", flush=True)
+
+
 def main():
     dp, sh = int(sys.argv[1]), int(sys.argv[2])
     configs = []
@@ -263,17 +310,23 @@ def main():
                         "p2p" in flags or "p" in opts, "overlapgpt" in flags or "o" in opts, "z" in opts,
                         "v" in opts))
     use_model(configs[0][7])
+    split = "split" in flags
     paddle_ext.enable()  # first: the pp_configs string below is the plugin's to parse
     strategy = fleet.DistributedStrategy()
-    words = "enable_sharding_comm_overlap" if sh > 1 else "enable_dp_comm_overlap"
+    words = "" if split else "enable_sharding_comm_overlap" if sh > 1 else "enable_dp_comm_overlap"
     strategy.hybrid_configs = {"dp_degree": dp, "mp_degree": 1, "pp_degree": PP, "sharding_degree": sh,
                                "pp_configs": words}
+    if split:
+        strategy.hybrid_configs["sharding_configs"].split_param = True  # as PaddleFormers sets it
     strategy.pipeline_configs = {"accumulate_steps": configs[0][1], "micro_batch_size": MBS}
     fleet.init(is_collective=True, strategy=strategy)
     hcg = fleet.get_hybrid_communicate_group()
     stage = hcg.get_stage_id()
     me = dist.get_rank()
     shard = hcg.get_data_parallel_rank() * sh + (hcg.get_sharding_parallel_rank() if sh > 1 else 0)
+    if split:
+        split_param_configs(hcg, configs, dp, sh, shard, use_scaler)
+        return
     check_fleet_path(hcg, configs[0][1], dp, sh, shard)
     for vpp, m, delay, bucket_kb, hidden, fb, p2p, overlap_model, zb, v in configs:
         use_model(overlap_model)

@@ -41,6 +41,10 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
            unit host_sharding), gradients clipped by their global norm (2 ranks)
         o  n with stage 3 (GroupShardedStage3: every rank holds a slice of each parameter,
            gathered by get_all_parameters() before the comparison) (2 ranks)
+        p  pp2 x sharding2 stage 1 with split_param (PaddleFormers' default; Paddle's
+           DygraphShardingOptimizerV2, which wants amp_master_grad): the optimizer reduce-
+           scatters the gradients, the engine reduces none (4 ranks)
+        q  sharding stage 1 with split_param without pipeline parallelism (2 ranks)
 
 CONFIG may name several, comma-separated, for one topology and accumulation count (c,d):
 each gets its own Trainer in this process (a second fleet.init in one process keeps the
@@ -114,6 +118,8 @@ CONFIGS = {
               plain_reference=True),
     "n": dict(acc=4, sharding=2, pp=1, stage="stage2", clip=CLIP),
     "o": dict(acc=4, sharding=2, pp=1, stage="stage3", clip=CLIP),
+    "p": dict(acc=4, sharding=2, split_param=True),
+    "q": dict(acc=4, sharding=2, pp=1, split_param=True),
     "k": dict(acc=4, switches=dict(pp_release_grads=True, overlap_p2p_comm=True, clear_every_step_cache=True,
                                    best_unbalanced_scheduler=True, offload_queue=True, variable_seq_lengths=True,
                                    pp_sync_param=True, pp_sync_moment=True, timer=True)),
@@ -275,7 +281,7 @@ def training_args(name, cfg, out_dir, **extra):
         max_grad_norm=cfg.get("clip", 0.0), logging_steps=1, save_strategy="no", seed=SEED, dataloader_shuffle=False,
         disable_tqdm=True, report_to="none", pipeline_model_parallel_size=cfg.get("pp", 2),
         tensor_model_parallel_size=tp, sharding_parallel_size=sharding,
-        sharding=cfg.get("stage", "stage1") if sharding > 1 else "", split_param=False,
+        sharding=cfg.get("stage", "stage1") if sharding > 1 else "", split_param=cfg.get("split_param", False),
         forward_backward_overlap_scheduler=cfg.get("forward_backward_overlap_scheduler", False),
         dp_comm_overlap=cfg.get("dp_comm_overlap", False), do_train=True, amp_master_grad=False,
         use_dualpipev=cfg.get("v", False), sequence_parallel=cfg.get("sequence_parallel", False),
@@ -283,8 +289,9 @@ def training_args(name, cfg, out_dir, **extra):
         adam_epsilon=ADAM_EPSILON,
     )
     kwargs.update(cfg.get("switches", {}))
-    # PaddleFormers clips under pipeline parallelism only with amp_master_grad
-    if cfg.get("sharding_overlap") or (cfg.get("clip") and cfg.get("pp", 2) > 1):
+    # PaddleFormers wants amp_master_grad for sharding overlap and split_param, and clips
+    # under pipeline parallelism only with it
+    if cfg.get("sharding_overlap") or cfg.get("split_param") or (cfg.get("clip") and cfg.get("pp", 2) > 1):
         kwargs.update(bf16=True, fp16_opt_level="O2", amp_master_grad=True)
     kwargs.update(extra)
     return TrainingArguments(**kwargs)
@@ -449,9 +456,10 @@ def main():
                   "clip": cfg.get("clip"), "grad_norms": trainer.grad_norms, "ref_grad_norms": ref.grad_norms,
                   "params": compare(pipe, ref, mapping),
                   "digest": digest(pipe),
-                  # stages 2 and 3 keep the reduced gradients in their own buffers, not in the
-                  # parameters' .grad a callback reads: their parameters are compared instead
-                  "first_grads": None if cfg.get("stage") in ("stage2", "stage3") else compare_grads(
+                  # stages 2 and 3 and split_param keep the reduced gradients in buffers of
+                  # their own, not in the .grad a callback reads: parameters are compared instead
+                  "first_grads": None if cfg.get("stage") in ("stage2", "stage3") or cfg.get("split_param")
+                  else compare_grads(
                       trainer.first_grads, ref.first_grads, pipe, mapping, sharding_owned(trainer)),
                   "classes": [c.__name__ for c in type(engine).__mro__],
                   "dp_comm_overlap": getattr(engine, "_dp_comm_overlap", None),
