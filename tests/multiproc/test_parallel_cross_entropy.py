@@ -34,18 +34,17 @@ def test_label_out_of_range_on_one_rank_raises_on_every_rank():
         assert f"rank {rank}: the group goes on" in result.logs[rank]
 
 
-def test_ranks_holding_different_rows_raise_on_every_rank():
-    result = launch("parallel_cross_entropy.py", "bad-rows", nproc=2, timeout=150)
+@pytest.mark.parametrize("mode, message", [
+    # ranks holding different row counts: a ValueError listing them
+    ("bad-rows", "ValueError: c_softmax_with_cross_entropy: the ranks of the group hold [6, 8] rows of logits "
+                 "(in rank order)"),
+    # a dtype the GPU kernel lacks: Paddle's error type for an unregistered kernel
+    ("bad-dtype", "RuntimeError: c_softmax_with_cross_entropy: logits dtype bfloat16 is not supported: "
+                  "Paddle's GPU kernel takes float32, float64, float16"),
+])
+def test_arguments_refused_on_every_rank(mode, message):
+    result = launch("parallel_cross_entropy.py", mode, nproc=2, timeout=150)
     assert result.returncode == 0, result.describe()
     for rank in (0, 1):
-        assert (f"rank {rank}: ValueError: c_softmax_with_cross_entropy: the ranks of the group hold [6, 8] rows "
-                "of logits (in rank order)") in result.logs[rank], result.describe()
+        assert f"rank {rank}: {message}" in result.logs[rank], result.describe()
         assert f"rank {rank}: the group goes on" in result.logs[rank]
-
-
-def test_dtype_the_gpu_kernel_lacks_is_refused_as_paddle_refuses_it():
-    result = launch("parallel_cross_entropy.py", "bad-dtype", nproc=2, timeout=150)
-    assert result.returncode == 0, result.describe()
-    for rank in (0, 1):
-        assert (f"rank {rank}: RuntimeError: c_softmax_with_cross_entropy: logits dtype bfloat16 is not supported: "
-                "Paddle's GPU kernel takes float32, float64, float16") in result.logs[rank], result.describe()
