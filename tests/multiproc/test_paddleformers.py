@@ -52,10 +52,10 @@ REL_BOUND = 1e-5
 LOSS_BOUND = 1e-6
 GRAD_BOUND = 1e-5
 LAUNCHES = {"a": 2, "b": 2, "c,d": 4, "f": 4, "g": 2, "h": 2, "i": 4, "e": 4, "j": 4, "k": 2, "l": 2, "m": 2,
-            "n": 2, "o": 2, "p": 4, "q": 2}
+            "n,x": 2, "o,y": 2, "p": 4, "q": 2}
 # Sharding stages 2 and 3, and stage 1 with split_param, keep the reduced gradients in
 # buffers of their own, not in the .grad a callback reads: for them the parameters are the check.
-NO_GRADIENT_VIEW = {"n", "o", "p", "q"}
+NO_GRADIENT_VIEW = {"n", "o", "p", "q", "x", "y"}
 
 
 @pytest.fixture(scope="module")
@@ -99,7 +99,7 @@ def _check_parity(per_rank: dict, gradients: bool = True) -> None:
 @pytest.mark.parametrize("name,launch_names",
                          [("a", "a"), ("b", "b"), ("c", "c,d"), ("d", "c,d"), ("e", "e"), ("f", "f"), ("g", "g"),
                           ("h", "h"), ("i", "i"), ("j", "j"),
-                          ("k", "k"), ("l", "l"), ("m", "m"), ("n", "n"), ("o", "o"),
+                          ("k", "k"), ("l", "l"), ("m", "m"), ("n", "n,x"), ("o", "o,y"), ("x", "n,x"), ("y", "o,y"),
                           ("p", "p"), ("q", "q")])
 def test_trainer_parity(results, name, launch_names):
     per_rank = results(launch_names)[name]
@@ -108,9 +108,9 @@ def test_trainer_parity(results, name, launch_names):
     if name == "m":  # no pipeline: fleet's own TensorParallel wrapper, on CPU
         assert classes[0] == "TensorParallel", classes
         return
-    if name in ("n", "o", "q"):  # no pipeline: Paddle's sharding wrappers (unit host_sharding)
-        assert classes[0] == {"n": "GroupShardedStage2", "o": "GroupShardedStage3", "q": "ShardingParallel"}[name], (
-            classes)
+    if name in ("n", "o", "q", "x", "y"):  # no pipeline: Paddle's sharding wrappers (unit host_sharding)
+        wrapper = {"n": "GroupShardedStage2", "o": "GroupShardedStage3", "q": "ShardingParallel"}
+        assert classes[0] == wrapper[{"x": "n", "y": "o"}.get(name, name)], classes
         return
     assert "PipelineParallel" in classes and classes[1] == "PipelineEngine"
     if name == "b":
@@ -161,6 +161,18 @@ def test_sharding_overlap_through_the_trainer_is_exact(results):
         assert both["j"][rank]["main_grads"] > 0 and both["e"][rank]["main_grads"] == 0, rank
         assert both["j"][rank]["losses"] == both["e"][rank]["losses"]
         assert both["j"][rank]["digest"] == both["e"][rank]["digest"], f"rank {rank}: overlap on != off"
+
+
+@pytest.mark.parametrize("plain, master", [("n", "x"), ("o", "y")])
+def test_group_sharding_with_main_grads_is_exact(results, plain, master):
+    """x / y: n / o (sharding stage 2 / 3) with amp_master_grad, a bf16 user's setting: the
+    gradients accumulate in float32 main_grads (MixPrecisionLayer) and the stages take them;
+    the same parameters as without, bit for bit."""
+    both = results(f"{plain},{master}")
+    for rank in both[master]:
+        assert both[master][rank]["main_grads"] > 0 and both[plain][rank]["main_grads"] == 0, rank
+        assert both[master][rank]["losses"] == both[plain][rank]["losses"]
+        assert both[master][rank]["digest"] == both[plain][rank]["digest"], f"rank {rank}: main grads changed it"
 
 
 def test_every_pipeline_switch_leaves_the_numbers_alone(results):

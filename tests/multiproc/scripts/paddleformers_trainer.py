@@ -41,6 +41,9 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
            unit host_sharding), gradients clipped by their global norm (2 ranks)
         o  n with stage 3 (GroupShardedStage3: every rank holds a slice of each parameter,
            gathered by get_all_parameters() before the comparison) (2 ranks)
+        x  n with amp_master_grad (bf16, which on CPU changes no number): float32 main_grads,
+           which stage 2 takes (2 ranks, in n's launch)
+        y  o with amp_master_grad (2 ranks, in o's launch)
         p  pp2 x sharding2 stage 1 with split_param (PaddleFormers' default; Paddle's
            DygraphShardingOptimizerV2, which wants amp_master_grad): the optimizer reduce-
            scatters the gradients, the engine reduces none (4 ranks)
@@ -118,6 +121,8 @@ CONFIGS = {
               plain_reference=True),
     "n": dict(acc=4, sharding=2, pp=1, stage="stage2", clip=CLIP),
     "o": dict(acc=4, sharding=2, pp=1, stage="stage3", clip=CLIP),
+    "x": dict(acc=4, sharding=2, pp=1, stage="stage2", clip=CLIP, master_grad=True),
+    "y": dict(acc=4, sharding=2, pp=1, stage="stage3", clip=CLIP, master_grad=True),
     "p": dict(acc=4, sharding=2, split_param=True),
     "q": dict(acc=4, sharding=2, pp=1, split_param=True),
     "k": dict(acc=4, switches=dict(pp_release_grads=True, overlap_p2p_comm=True, clear_every_step_cache=True,
@@ -291,7 +296,8 @@ def training_args(name, cfg, out_dir, **extra):
     kwargs.update(cfg.get("switches", {}))
     # PaddleFormers wants amp_master_grad for sharding overlap and split_param, and clips
     # under pipeline parallelism only with it
-    if cfg.get("sharding_overlap") or cfg.get("split_param") or (cfg.get("clip") and cfg.get("pp", 2) > 1):
+    if (cfg.get("sharding_overlap") or cfg.get("split_param") or cfg.get("master_grad")
+            or (cfg.get("clip") and cfg.get("pp", 2) > 1)):
         kwargs.update(bf16=True, fp16_opt_level="O2", amp_master_grad=True)
     kwargs.update(extra)
     return TrainingArguments(**kwargs)
