@@ -56,6 +56,52 @@ def test_buckets_follow_backward_order_size_owner_and_late_last():
     assert {id(s.param) for s in buckets[0].slots} <= {id(p) for p in params[-2:]}
 
 
+def test_reduce_scatter_buckets_are_paddles_fused_comm_buffers():
+    """split_param sharding: each bucket's buffer is the gradient buffer of Paddle's own
+    FusedCommBuffer (what DygraphShardingOptimizerV2 collects), parameters at Paddle's padded
+    offsets, their main_grads views of it, their values unchanged; a bucket holds one
+    parameter dtype; shard() is this rank's slice; renew_slices() lets the optimizer's slices go."""
+    import types
+
+    import paddle_ext
+
+    paddle_ext.enable()  # host_sharding: fleet's tensor fusion helper knows the host (3.x)
+    try:
+        paddle.seed(0)
+        net = paddle.nn.Sequential(paddle.nn.Linear(3, 5), paddle.nn.Linear(5, 2))
+        params = list(net.parameters())
+        odd = paddle.create_parameter([3], "float16")  # float32 main_grad like the others
+        for p in params + [odd]:
+            p.main_grad = None  # MixPrecisionLayer's mark: float32 gradients in main_grad
+        before = [p.numpy().copy() for p in params]
+        group = types.SimpleNamespace(nranks=2, rank=1)
+        buckets = build_buckets([params + [odd]], [], 1 << 20, reduce_scatter_group=group)
+        assert sorted(len(b.slots) for b in buckets) == [1, 4]  # Paddle's buffer has one parameter dtype
+        main = next(b for b in buckets if len(b.slots) == 4)
+        views = main.comm_buffer._sharding_param_grad_view
+        assert main.buffer is main.comm_buffer.grad_storage and main.owner is None
+        assert "reduce-scattered" in main.label
+        size = int(main.buffer.shape[0])
+        assert size % 2 == 0 and size > sum(s.numel for s in main.slots)  # padded to split evenly
+        for slot, want in zip(main.slots, before[::-1]):
+            assert slot.start == views[slot.param.name]._index
+            assert slot.param.main_grad.data_ptr() == slot.ptr  # the gradient is the buffer's region
+            np.testing.assert_array_equal(slot.param.numpy(), want)  # moved into Paddle's buffer, same values
+        mine = main.shard(1, 2)
+        assert mine.data_ptr() == main.buffer._slice(size // 2, size).data_ptr()
+        old = {name: v._slice_grad for name, v in views.items() if v._slice_grad is not None}
+        assert old
+        main.renew_slices()
+        for name, tensor in old.items():
+            assert not tensor._is_initialized() and views[name]._slice_grad._is_initialized()
+            assert views[name]._slice_grad.data_ptr() == main.buffer._slice(
+                views[name]._param_begin, views[name]._param_end).data_ptr()
+        with pytest.raises(ValueError, match="exclude each other"):
+            build_buckets([params], [], 1 << 20, owner_of=lambda p: 0, reduce_scatter_group=group)
+    finally:
+        paddle_ext.disable()
+
+
 def test_a_parameter_larger_than_the_bucket_gets_one_of_its_own():
     big = paddle.create_parameter([64, 64], "float32")
     small = paddle.create_parameter([4], "float32")

@@ -26,6 +26,7 @@ from typing import Any
 import paddle
 
 from paddle_ext import compat
+from paddle_ext.pipeline.grad_sync import split_param_optimizer
 
 __all__ = ["CommBufferView", "PipelineParallelSurface", "UnsupportedMember", "adopt_fleet_class", "micro_batch_data"]
 
@@ -90,6 +91,9 @@ class CommBufferView:
     def _clear_grad_storage(self) -> None:
         for p in self._params:
             p.clear_gradient(False)
+        if self._bucket.comm_buffer is not None and getattr(
+                split_param_optimizer(self._engine.optimizer), "sd_release_grads", False):
+            self._bucket.renew_slices()
 
     def __getattr__(self, name: str) -> Any:
         raise UnsupportedMember(f"FusedCommBuffer.{name} is not supported by paddle_ext's gradient buckets "

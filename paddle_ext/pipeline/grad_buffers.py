@@ -16,6 +16,16 @@ sharding rank that updates them under stage-1 sharding; None without sharding) a
 gradient dtype, and each group is cut into buckets of at most `bucket_bytes` (a
 larger parameter gets a bucket of its own). Buckets are ordered by the position of
 their earliest layer, which is when their last gradient is complete.
+
+Sharding with split_param (Paddle's DygraphShardingOptimizerV2) updates each rank's
+slice of flat buffers instead of whole parameters, and reads its gradients from
+Paddle's own FusedCommBuffer objects, which the pipeline builds when the strategy says
+pp_configs.sharding_comm_overlap (fleet's PipelineParallel.fused_gradient). So with
+`reduce_scatter_group` each bucket's buffer is one: Paddle lays it out (each parameter
+padded so that the buffer splits evenly over the group, parameters moved into its
+parameter buffer, gradients made views of its gradient buffer) and the optimizer
+collects it at its step; the bucket's collective is a reduce-scatter into this rank's
+slice. Such a bucket holds one parameter dtype (Paddle's buffer has one).
 """
 
 from __future__ import annotations
@@ -99,6 +109,9 @@ class GradBucket:
     submitted: bool = False   # they were (the buffer must not change any more)
     early: bool = False       # it became ready inside the backward, before its chunk's GradSync
     todo: int = 0             # hooks still expected before it is complete (early launch)
+    # split_param: Paddle's FusedCommBuffer whose gradient buffer this bucket is, reduce-
+    # scattered over its group (None: the bucket's own buffer, all-reduced or reduced)
+    comm_buffer: Any = None
 
     @property
     def numel(self) -> int:
@@ -112,15 +125,39 @@ class GradBucket:
     def label(self) -> str:
         where = "late" if self.chunk is None else f"chunk {self.chunk}"
         owner = "" if self.owner is None else f", owner {self.owner}"
+        if self.comm_buffer is not None:
+            owner = ", reduce-scattered"
         return f"bucket {self.index} ({where}{owner}, {len(self.slots)} params, {self.nbytes} B)"
 
-    def allocate(self) -> None:
-        self.buffer = paddle.zeros([self.numel], dtype=self.dtype)
+    def allocate(self, reduce_scatter_group: Any = None) -> None:
+        if reduce_scatter_group is None:
+            self.buffer = paddle.zeros([self.numel], dtype=self.dtype)
+        else:
+            self.comm_buffer = _reduce_scatter_buffer(self.index, [s.param for s in self.slots], reduce_scatter_group)
+            self.buffer = self.comm_buffer.grad_storage
+            for slot in self.slots:
+                slot.start = int(self.comm_buffer._sharding_param_grad_view[slot.param.name]._index)
         for slot in self.slots:
             slot.buffer = self.buffer
             slot.view = slot.region()
             slot.ptr = slot.view.data_ptr()
             slot.main_grad = uses_main_grad(slot.param)
+
+    def shard(self, rank: int, nranks: int) -> Any:
+        """This rank's slice of a reduce-scattered buffer (what the optimizer updates)."""
+        size = int(self.buffer.shape[0]) // nranks
+        return self.buffer._slice(rank * size, (rank + 1) * size)
+
+    def renew_slices(self) -> None:
+        """release_grads under split_param: the optimizer wants last step's slice gradients
+        released (DygraphShardingOptimizerV2 asserts them uninitialized before it takes
+        this step's from the FusedCommBuffer). The bucket keeps its buffer, so each slice
+        gets a new tensor over the same region, and the old one lets go of it."""
+        for view in self.comm_buffer._sharding_param_grad_view.values():
+            old = view._slice_grad
+            if old is not None:
+                view._slice_grad = self.buffer._slice(view._param_begin, view._param_end)
+                old._clear_dataptr()
 
     def reset(self, microbatches: int) -> None:
         self.ready = self.submitted = self.early = False
@@ -166,11 +203,26 @@ class GradBucket:
             slot.always = slot.always and slot.count == microbatches
 
 
+def _reduce_scatter_buffer(index: int, params: list, group: Any) -> Any:
+    """Paddle's FusedCommBuffer for a reduce-scatter of params' gradients over group, as
+    fleet's PipelineParallel builds it for DygraphShardingOptimizerV2 (which finds it
+    through `params[0].comm_buffer_ref` at its step)."""
+    from paddle.distributed.fleet.utils.tensor_fusion_helper import HOOK_ACTION, FusedCommBuffer
+
+    return FusedCommBuffer(index, params, group, 1, HOOK_ACTION.REDUCE_SCATTER)
+
+
 def build_buckets(chunks: Sequence[Iterable[Any]], late: Iterable[Any], bucket_bytes: int,
-                  owner_of: Optional[Callable[[Any], int]] = None) -> list[GradBucket]:
+                  owner_of: Optional[Callable[[Any], int]] = None,
+                  reduce_scatter_group: Any = None) -> list[GradBucket]:
     """Buckets for the trainable parameters of each chunk (in `chunks` order), then
-    the late ones. `owner_of(param)`: the sharding rank that owns it, or None.
+    the late ones. `owner_of(param)`: the sharding rank that owns it, or None;
+    `reduce_scatter_group`: split_param sharding's group (the buffers are Paddle's
+    FusedCommBuffers, see the module docstring; owner_of must be None).
     Returns them with buffers allocated, indexed in that order."""
+    if owner_of is not None and reduce_scatter_group is not None:
+        raise ValueError("owner_of and reduce_scatter_group exclude each other: a reduce-scattered bucket has no "
+                         "single owner")
     if bucket_bytes <= 0:
         raise ValueError(f"bucket size must be positive, got {bucket_bytes} bytes")
     buckets: list[GradBucket] = []
@@ -182,9 +234,10 @@ def build_buckets(chunks: Sequence[Iterable[Any]], late: Iterable[Any], bucket_b
         groups: dict[tuple, list] = {}
         for p in ordered:
             owner = owner_of(p) if owner_of is not None else None
-            groups.setdefault((owner, str(grad_dtype(p))), []).append(p)
+            param_dtype = str(p.dtype) if reduce_scatter_group is not None else ""
+            groups.setdefault((owner, str(grad_dtype(p)), param_dtype), []).append(p)
         made: list[tuple[int, GradBucket]] = []
-        for (owner, _), group in groups.items():
+        for (owner, *_), group in groups.items():
             dtype = grad_dtype(group[0])
             size = _element_size(dtype)
             current: Optional[GradBucket] = None
@@ -200,5 +253,5 @@ def build_buckets(chunks: Sequence[Iterable[Any]], late: Iterable[Any], bucket_b
         buckets += [b for _, b in made]
     for i, b in enumerate(buckets):
         b.index = i
-        b.allocate()
+        b.allocate(reduce_scatter_group)
     return buckets

@@ -35,9 +35,15 @@ What happens to a gradient, per step:
    owners, as it does without overlap. The wrapped optimizer's own dp/sharding
    reduction is switched off (`_dp_enable` / `_sharding_enable`, as fleet does for
    pp_configs.dp_comm_overlap / sharding_comm_overlap).
-6. Sharding with split_param (DygraphShardingOptimizerV2: gradients reduce-scattered
-   into slices of the optimizer's flat buffers) without overlap: the engine reduces
-   nothing and the optimizer does, as in fleet's PipelineParallel (`deferred`).
+6. Sharding with split_param (DygraphShardingOptimizerV2: each rank updates a slice of
+   flat buffers, its gradients reduce-scattered into it), as in fleet's
+   PipelineParallel. With the strategy's pp_configs.sharding_comm_overlap the optimizer
+   builds no buffers and takes the pipeline's: the engine's buckets are then Paddle's
+   FusedCommBuffers (grad_buffers.py), and a bucket's collectives are a reduce-scatter
+   over the sharding group, then the dp all-reduce of this rank's slice, which the last
+   scales. Without it the optimizer reduces its own buffers at its step and the engine
+   reduces nothing (`deferred`; engine overlap is then refused: the buffers are not
+   the engine's to launch).
 
 Overlap off runs the very same collectives, in the same order, with the same
 scaling, synchronously after the schedule (InlineWorker): on and off are bitwise
@@ -59,7 +65,8 @@ from paddle_ext.comm import trace
 from paddle_ext.comm.collectives import CollectiveError, make_worker
 from paddle_ext.pipeline.grad_buffers import DEFAULT_BUCKET_BYTES, GradBucket, build_buckets
 
-__all__ = ["ENV_BUCKET_MB", "BucketRecord", "GradReducer", "GradSyncError", "GradSyncSettings", "SyncStats"]
+__all__ = ["ENV_BUCKET_MB", "BucketRecord", "GradReducer", "GradSyncError", "GradSyncSettings", "SyncStats",
+           "split_param_optimizer"]
 
 ENV_BUCKET_MB = "PADDLE_EXT_GRAD_BUCKET_MB"
 
@@ -246,7 +253,11 @@ class GradReducer:
         if sorted(gradsync_order) != list(range(len(chunks))):
             raise GradSyncError(f"the schedule's GradSync order {list(gradsync_order)} does not name each "
                                 f"of the {len(chunks)} chunks once")
-        self.buckets = build_buckets(per_chunk, late, self.settings.bucket_bytes, self._owner_of(optimizer))
+        if split_param_optimizer(optimizer) is not None:  # takes the pipeline's buffers (_defers_to)
+            self.buckets = build_buckets(per_chunk, late, self.settings.bucket_bytes,
+                                         reduce_scatter_group=self.sharding_group)
+        else:
+            self.buckets = build_buckets(per_chunk, late, self.settings.bucket_bytes, self._owner_of(optimizer))
         self._by_chunk = {c: [b for b in self.buckets if b.chunk == c] for c in range(len(chunks))}
         self.order = [b for c in gradsync_order for b in self._by_chunk[c]]
         self.order += [b for b in self.buckets if b.chunk is None]
@@ -324,19 +335,24 @@ class GradReducer:
 
     def _defers_to(self, optimizer: Any) -> bool:
         """Whether this step's dp / sharding reduction is the optimizer's, as in fleet's
-        PipelineParallel without overlap: sharding with split_param (Paddle's
-        DygraphShardingOptimizerV2, PaddleFormers' default) reduce-scatters each gradient
-        into the slices of a flat buffer the optimizer owns, which the engine's per-owner
-        buckets are not. Then the engine reduces nothing (dp neither: the optimizer's
-        dp all-reduce follows its sharding reduction) and leaves the optimizer's
-        reduction switched on. Overlap needs the engine's buckets: refused for it."""
-        if self.sharding == 1 or not any(type(o).__name__ == "DygraphShardingOptimizerV2" for o in _chain(optimizer)):
+        PipelineParallel: sharding with split_param (Paddle's DygraphShardingOptimizerV2,
+        PaddleFormers' default) built without pp_configs.sharding_comm_overlap reduce-
+        scatters each gradient into flat buffers of its own at its step. Then the engine
+        reduces nothing (dp neither: the optimizer's dp all-reduce follows its sharding
+        reduction) and leaves the optimizer's reduction switched on. Built with it, the
+        optimizer takes the pipeline's buffers, and the engine reduces (item 6 above)."""
+        if self.sharding == 1:
+            return False
+        split = split_param_optimizer(optimizer)
+        if split is None or getattr(split, "pp_overlap", False):
             return False
         if self.overlap:
             raise GradSyncError(
-                "pp_configs.dp_comm_overlap / sharding_comm_overlap with sharding_configs.split_param = True "
-                "(DygraphShardingOptimizerV2) is not supported by paddle_ext's pipeline gradient reduction: "
-                "turn the overlap off (the optimizer then reduces, as in fleet) or use split_param = False")
+                "pp_configs.dp_comm_overlap / sharding_comm_overlap with sharding_configs.split_param = True: "
+                "the DygraphShardingOptimizerV2 was built without the strategy's pp_configs.sharding_comm_overlap, "
+                "so it reduces its own gradient buffers at its step and the engine cannot overlap that reduction; "
+                "set pp_configs.sharding_comm_overlap = True in the strategy before fleet.init (the optimizer then "
+                "takes the pipeline's buffers) or turn the engine's overlap off")
         return True
 
     def on_grad_sync(self, chunk: int) -> None:
@@ -402,8 +418,8 @@ class GradReducer:
         sharding_ticket = None
         if self.sharding > 1:
             last = owned and self.dp == 1
-            sharding_ticket = self.workers["sharding"].submit(
-                b.label, self._op(b, "reduce", self.sharding_group, last))
+            kind = "reduce" if b.comm_buffer is None else "reduce_scatter"
+            sharding_ticket = self.workers["sharding"].submit(b.label, self._op(b, kind, self.sharding_group, last))
             tickets.append(sharding_ticket)
         if self.dp > 1 and owned:
             tickets.append(self.workers["dp"].submit(
@@ -416,6 +432,8 @@ class GradReducer:
         pg, buffer, factor = group.process_group, b.buffer, self.scale
         calc_stream = self._calc_stream
         dst = b.owner
+        # a reduce-scattered bucket: this rank's slice is what is all-reduced and scaled
+        mine = buffer if b.comm_buffer is None else b.shard(self.sharding_rank, self.sharding)
 
         what = f"grad bucket {b.label}"
         traced = functools.partial(trace.call, tensors=(buffer,), what=what)
@@ -426,12 +444,17 @@ class GradReducer:
                     traced(pg, "reduce_on_calc_stream", buffer, dst, core.ReduceOp.SUM)
                 else:
                     traced(pg, "reduce", buffer, dst, core.ReduceOp.SUM, True).wait()
+            elif kind == "reduce_scatter":
+                if calc_stream:
+                    traced(pg, "reduce_scatter_tensor_on_calc_stream", mine, buffer, core.ReduceOp.SUM)
+                else:
+                    traced(pg, "reduce_scatter_tensor", mine, buffer, core.ReduceOp.SUM, True).wait()
             elif calc_stream:
-                traced(pg, "all_reduce_on_calc_stream", buffer, core.ReduceOp.SUM)
+                traced(pg, "all_reduce_on_calc_stream", mine, core.ReduceOp.SUM)
             else:
-                traced(pg, "all_reduce", buffer, core.ReduceOp.SUM, True).wait()
+                traced(pg, "all_reduce", mine, core.ReduceOp.SUM, True).wait()
             if scale and factor != 1.0:
-                buffer.scale_(factor)
+                mine.scale_(factor)
 
         return run
 
@@ -453,6 +476,11 @@ def _close_at_exit(reducer: Callable[[], Optional[GradReducer]]) -> None:
     live = reducer()
     if live is not None:
         live.close()
+
+
+def split_param_optimizer(optimizer: Any) -> Any:
+    """The DygraphShardingOptimizerV2 (sharding_configs.split_param) in optimizer's chain, or None."""
+    return next((o for o in _chain(optimizer) if type(o).__name__ == "DygraphShardingOptimizerV2"), None)
 
 
 def _chain(optimizer: Any) -> Iterator[Any]:

@@ -51,18 +51,38 @@ def test_pp2_sharding2_overlap_equals_sync_and_reference():
     _check(launch("grad_overlap_parity.py", "1", "2", f"{EIGHT},{FB}", nproc=4, timeout=180), 4, 10)
 
 
-def test_pp2_sharding2_split_param_leaves_the_reduction_to_the_optimizer():
+def test_pp2_sharding2_split_param_reduced_by_the_optimizer_or_reduce_scattered_by_the_engine():
     """sharding_configs.split_param (Paddle's DygraphShardingOptimizerV2, PaddleFormers'
-    default): the engine reduces nothing and the optimizer reduce-scatters, as in fleet's
-    PipelineParallel; parameters match the reference, overlap is refused with a message."""
-    result = launch("grad_overlap_parity.py", "1", "2", "1:4:0,2:4:1", "split", nproc=4, timeout=180)
+    default), as in fleet's PipelineParallel: built without pp_configs.sharding_comm_overlap
+    the optimizer reduces its own buffers and the engine nothing; built with it, the
+    optimizer takes the engine's buckets (Paddle's FusedCommBuffers), which the engine
+    reduce-scatters, overlap on == off bitwise, handed over during the backward (small
+    buckets). Both match the reference; engine overlap with an optimizer that reduces its
+    own buffers is refused with a message."""
+    result = launch("grad_overlap_parity.py", "1", "2", "1:4:0,2:4:1,2:5:0:2", "split", nproc=4, timeout=180)
     assert result.returncode == 0, result.describe()
     for rank in range(4):
         log = result.logs[rank]
         assert f"rank {rank}: all configs passed" in log, result.describe()
-        found = re.findall(rf"rank {rank}: split_param dp=1 sharding=2 .*: the optimizer reduced; "
-                           r"max abs diff to reference (\S+); overlap refused", log)
-        assert len(found) == 2 and all(float(x) <= 1e-6 for x in found), result.describe()
+        found = re.findall(rf"rank {rank}: split_param dp=1 sharding=2 .*: the engine reduce-scattered, on == off "
+                           r"bitwise, max abs diff to reference (\S+); the optimizer reduced, max abs diff to "
+                           r"reference (\S+), bitwise equal to the engine's; overlap without the optimizer's "
+                           r"consent refused", log)
+        assert len(found) == 3 and all(float(x) <= 1e-6 and float(y) <= 1e-6 for x, y in found), result.describe()
+        assert "handed over inside their own chunk's last backward" in log, result.describe()
+
+
+def test_pp2_sharding2_dp2_split_param_reduce_scattered_then_all_reduced_by_the_engine():
+    """split_param with dp too: the engine reduce-scatters over sharding, then all-reduces
+    this rank's slice over dp (8 processes)."""
+    result = launch("grad_overlap_parity.py", "2", "2", "2:5:0:2", "split", nproc=8, timeout=300)
+    assert result.returncode == 0, result.describe()
+    for rank in range(8):
+        log = result.logs[rank]
+        assert f"rank {rank}: all configs passed" in log, result.describe()
+        found = re.findall(rf"rank {rank}: split_param dp=2 sharding=2 .*: the engine reduce-scattered, on == off "
+                           r"bitwise, max abs diff to reference (\S+);", log)
+        assert len(found) == 1 and float(found[0]) <= 1e-6, result.describe()
 
 
 def test_pp2_sharding2_dp2_eight_processes():

@@ -21,10 +21,11 @@ Bounds, per config (relative to the largest magnitude of each parameter / the lo
   a sizeable part of lr (AdamW's slope is up to lr / eps), 1.3e-4 of the largest parameter
   for f and for that split single process alike.
 - dp overlap on (d) and off (c) are bitwise equal (same collectives, same order); so are
-  sharding overlap on (j) and off (e).
+  sharding overlap on (j) and off (e), and with split_param on (r: the engine reduce-scatters
+  Paddle's FusedCommBuffers) and off (p: the optimizer reduces).
 - n and o (sharding stages 2 and 3 without pipeline parallelism) clip too; p and q run
   sharding stage 1 with split_param (PaddleFormers' default), with and without pipeline
-  parallelism. All four are held to the same bounds but for the first step's gradients,
+  parallelism, r p with sharding overlap. All five are held to the same bounds but for the first step's gradients,
   which those optimizers keep in buffers of their own.
 - c, d and f clip gradients by their global norm (max_grad_norm, with the amp_master_grad
   PaddleFormers needs for it with pipeline parallelism): the norm the Trainer logs within
@@ -52,10 +53,10 @@ REL_BOUND = 1e-5
 LOSS_BOUND = 1e-6
 GRAD_BOUND = 1e-5
 LAUNCHES = {"a": 2, "b": 2, "c,d": 4, "f": 4, "g": 2, "h": 2, "i": 4, "e": 4, "j": 4, "k": 2, "l": 2, "m": 2,
-            "n,x": 2, "o,y": 2, "p": 4, "q": 2}
+            "n,x": 2, "o,y": 2, "p": 4, "q": 2, "r": 4}
 # Sharding stages 2 and 3, and stage 1 with split_param, keep the reduced gradients in
 # buffers of their own, not in the .grad a callback reads: for them the parameters are the check.
-NO_GRADIENT_VIEW = {"n", "o", "p", "q", "x", "y"}
+NO_GRADIENT_VIEW = {"n", "o", "p", "q", "r", "x", "y"}
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +101,7 @@ def _check_parity(per_rank: dict, gradients: bool = True) -> None:
                          [("a", "a"), ("b", "b"), ("c", "c,d"), ("d", "c,d"), ("e", "e"), ("f", "f"), ("g", "g"),
                           ("h", "h"), ("i", "i"), ("j", "j"),
                           ("k", "k"), ("l", "l"), ("m", "m"), ("n", "n,x"), ("o", "o,y"), ("x", "n,x"), ("y", "o,y"),
-                          ("p", "p"), ("q", "q")])
+                          ("p", "p"), ("q", "q"), ("r", "r")])
 def test_trainer_parity(results, name, launch_names):
     per_rank = results(launch_names)[name]
     _check_parity(per_rank, gradients=name not in NO_GRADIENT_VIEW)
@@ -161,6 +162,17 @@ def test_sharding_overlap_through_the_trainer_is_exact(results):
         assert both["j"][rank]["main_grads"] > 0 and both["e"][rank]["main_grads"] == 0, rank
         assert both["j"][rank]["losses"] == both["e"][rank]["losses"]
         assert both["j"][rank]["digest"] == both["e"][rank]["digest"], f"rank {rank}: overlap on != off"
+
+
+def test_split_param_sharding_overlap_through_the_trainer_is_exact(results):
+    """r: p (split_param, PaddleFormers' default) with pp_sharding_comm_overlap: Paddle's
+    DygraphShardingOptimizerV2 takes the engine's buckets, which the engine reduce-scatters
+    during the backward; the same parameters as p's, where the optimizer reduces, bit for bit."""
+    both = {"p": results("p")["p"], "r": results("r")["r"]}
+    for rank in both["r"]:
+        assert both["r"][rank]["sharding_comm_overlap"] and not both["p"][rank]["sharding_comm_overlap"]
+        assert both["r"][rank]["losses"] == both["p"][rank]["losses"]
+        assert both["r"][rank]["digest"] == both["p"][rank]["digest"], f"rank {rank}: overlap on != off"
 
 
 @pytest.mark.parametrize("plain, master", [("n", "x"), ("o", "y")])

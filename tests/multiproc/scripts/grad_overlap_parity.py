@@ -48,9 +48,12 @@ tiny_gpt (attention/MLP schedule nodes; with `fb`, its overlapped_forward_backwa
 the F&B steps).
 
 `split`: sharding with sharding_configs.split_param (Paddle's DygraphShardingOptimizerV2,
-PaddleFormers' default): the optimizer reduces the gradients (reduce-scatter into its
-slices), as in fleet's PipelineParallel, and the engine none; per config, overlap off
-against the reference as in 2., and overlap on refused with a GradSyncError.
+PaddleFormers' default), as in fleet's PipelineParallel, per config against the
+reference as in 2.: the optimizer built without pp_configs.sharding_comm_overlap
+reduces the gradients itself (reduce-scatter into its own buffers) and the engine none;
+built with it, it takes the engine's buckets (Paddle's FusedCommBuffers), which the
+engine reduce-scatters, with overlap off and on (bitwise equal); engine overlap with
+an optimizer that reduces its own buffers is refused with a GradSyncError.
 
 Before the configs, the fleet path: the strategy's pp_configs given as a PaddleNLP
 pipeline_parallel_config string ("enable_dp_comm_overlap" / "enable_sharding_comm_
@@ -267,32 +270,71 @@ def check_fleet_path(hcg, m, dp, sh, shard):
           flush=True)
 
 
+def strategy_sharding_overlap(on):
+    """The live strategy's pp_configs.sharding_comm_overlap, which the split_param
+    optimizer reads when it is built (with it, it takes the pipeline's buffers)."""
+    fleet.fleet._user_defined_strategy.hybrid_configs["pp_configs"].sharding_comm_overlap = on
+
+
 def split_param_configs(hcg, configs, dp, sh, shard, use_scaler):
-    """`split`: the optimizer reduces (DygraphShardingOptimizerV2); overlap is refused."""
+    """`split`: DygraphShardingOptimizerV2. Built without pp_configs.sharding_comm_overlap
+    the optimizer reduces (engine overlap refused); built with it, the engine reduce-
+    scatters into Paddle's FusedCommBuffers, overlap on == off bitwise."""
     me, stage = dist.get_rank(), hcg.get_stage_id()
     for vpp, m, delay, bucket_kb, hidden, fb, p2p, _, zb, v in configs:
-        tag = f"split_param dp={dp} sharding={sh} vpp={vpp} M={m} delay_scale_loss={delay}"
-        optimizers = []
-        engine, params, losses = run_engine(hcg, vpp, m, delay, False, bucket_kb, hidden, use_scaler, fb, p2p, dp,
-                                            sh, zb, v, optimizers, main_grad=True)
-        opt_types = [type(o).__name__ for o in grad_sync._chain(optimizers[0])]
-        assert "DygraphShardingOptimizerV2" in opt_types and engine._grad_sync.deferred, (opt_types, tag)
+        tag = f"split_param dp={dp} sharding={sh} vpp={vpp} M={m} delay_scale_loss={delay} bucket_kb={bucket_kb}"
         ref, ref_losses = reference(vpp, m, delay, hidden, dp, sh, use_scaler)
-        worst = max(float(np.max(np.abs(value.astype(np.float64) - ref_param(ref, key).numpy())))
-                    for key, value in params.items())
-        assert worst <= REF_BOUND, f"rank {me} {tag}: max abs diff {worst} to the reference > {REF_BOUND}"
-        if stage == PP - 1:
-            for step in range(STEPS):
-                got, want = losses[step].reshape([]), ref_losses[step][shard]
-                assert abs(float(got) - float(want)) <= REF_BOUND * abs(float(want)), (tag, step, got, want)
+        runs = {}
+        # dp > 1: Paddle's own optimizer path leaves the first step's gradients out of the
+        # dp all-reduce (HybridParallelOptimizer all-reduces the V2 slices that are
+        # initialized, and V2 initializes them in its step, after that), also without
+        # any pipeline: it is not compared with the reference there
+        paths = [("engine", True, False), ("engine overlapped", True, True)]
+        if dp == 1:
+            paths.insert(0, ("optimizer", False, False))
+        for name, pp_overlap, overlap in paths:
+            strategy_sharding_overlap(pp_overlap)
+            optimizers = []
+            engine, params, losses = run_engine(hcg, vpp, m, delay, overlap, bucket_kb, hidden, use_scaler, fb, p2p,
+                                                dp, sh, zb, v, optimizers, main_grad=True)
+            opt_types = [type(o).__name__ for o in grad_sync._chain(optimizers[0])]
+            assert "DygraphShardingOptimizerV2" in opt_types, (opt_types, tag)
+            assert engine._grad_sync.deferred == (not pp_overlap), (name, tag)
+            if pp_overlap:
+                buckets = engine._grad_sync.buckets
+                assert buckets and all(b.comm_buffer is not None for b in buckets), (name, tag)
+                v2 = grad_sync.split_param_optimizer(optimizers[0])
+                assert {id(b) for b in v2._comm_buffer_list} == {id(b.comm_buffer) for b in buckets}, (name, tag)
+                assert engine._grad_sync.last.overlap == overlap, (name, tag)
+            worst = max(float(np.max(np.abs(value.astype(np.float64) - ref_param(ref, key).numpy())))
+                        for key, value in params.items())
+            assert worst <= REF_BOUND, f"rank {me} {tag} ({name}): max abs diff {worst} to the reference > {REF_BOUND}"
+            if stage == PP - 1:
+                for step in range(STEPS):
+                    got, want = losses[step].reshape([]), ref_losses[step][shard]
+                    assert abs(float(got) - float(want)) <= REF_BOUND * abs(float(want)), (tag, name, step, got, want)
+            runs[name] = (params, worst)
+            if overlap and (vpp > 1 or bucket_kb):
+                runs["timing"] = check_overlap(engine, stage, bool(bucket_kb), hidden >= 128)
+        for key, value in runs["engine"][0].items():
+            assert np.array_equal(value, runs["engine overlapped"][0][key]), (
+                f"rank {me} {tag}: param {key} differs between the engine's reduce-scatter with overlap off and on")
+        if "optimizer" in runs:
+            same = all(np.array_equal(value, runs["optimizer"][0][key]) for key, value in runs["engine"][0].items())
+            optimizer_note = (f"the optimizer reduced, max abs diff to reference {runs['optimizer'][1]:.3g}, "
+                              f"{'bitwise equal' if same else 'not bitwise equal'} to the engine's")
+        else:
+            optimizer_note = "the optimizer's own reduction not compared (dp > 1)"
+        strategy_sharding_overlap(False)
         try:
             run_engine(hcg, vpp, m, delay, True, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh, zb, v, main_grad=True)
         except grad_sync.GradSyncError as err:
-            assert "with sharding_configs.split_param = True" in str(err), err
+            assert "built without the strategy's pp_configs.sharding_comm_overlap" in str(err), err
         else:
-            raise AssertionError(f"rank {me} {tag}: overlap with split_param was not refused")
-        print(f"rank {me}: {tag}: the optimizer reduced; max abs diff to reference {worst:.3g}; overlap refused",
-              flush=True)
+            raise AssertionError(f"rank {me} {tag}: overlap with an optimizer reducing its own buffers was not refused")
+        print(f"rank {me}: {tag}: the engine reduce-scattered, on == off bitwise, max abs diff to reference "
+              f"{runs['engine'][1]:.3g}; {optimizer_note}; overlap without the optimizer's consent refused"
+              f"{'; ' + runs['timing'] if 'timing' in runs else ''}", flush=True)
     print(f"rank {me}: all configs passed", flush=True)
 
 

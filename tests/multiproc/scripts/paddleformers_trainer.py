@@ -48,6 +48,9 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
            DygraphShardingOptimizerV2, which wants amp_master_grad): the optimizer reduce-
            scatters the gradients, the engine reduces none (4 ranks)
         q  sharding stage 1 with split_param without pipeline parallelism (2 ranks)
+        r  p with pp_sharding_comm_overlap: the optimizer takes the engine's gradient buckets
+           (Paddle's FusedCommBuffers), which the engine reduce-scatters during the backward;
+           with pp_release_grads, after which the optimizer wants its slices released (4 ranks)
 
 CONFIG may name several, comma-separated, for one topology and accumulation count (c,d):
 each gets its own Trainer in this process (a second fleet.init in one process keeps the
@@ -125,6 +128,7 @@ CONFIGS = {
     "y": dict(acc=4, sharding=2, pp=1, stage="stage3", clip=CLIP, master_grad=True),
     "p": dict(acc=4, sharding=2, split_param=True),
     "q": dict(acc=4, sharding=2, pp=1, split_param=True),
+    "r": dict(acc=4, sharding=2, split_param=True, sharding_overlap=True, switches=dict(pp_release_grads=True)),
     "k": dict(acc=4, switches=dict(pp_release_grads=True, overlap_p2p_comm=True, clear_every_step_cache=True,
                                    best_unbalanced_scheduler=True, offload_queue=True, variable_seq_lengths=True,
                                    pp_sync_param=True, pp_sync_moment=True, timer=True)),
