@@ -509,6 +509,18 @@ def tensor_fusion_device_aware() -> bool:
     return hasattr(module, "get_current_device_type")
 
 
+def optimizer_fusion_module() -> Any:
+    """paddle.optimizer.fusion_utils (3.x: the optimizer's fused state storage, used by
+    sharding's enable_fuse_optimizer_states), which keeps its own copy of the device-type
+    lookup and alignment table; None where Paddle has none (2.6)."""
+    import importlib
+
+    try:
+        return importlib.import_module("paddle.optimizer.fusion_utils")
+    except ImportError:
+        return None
+
+
 def linear_is_matmul_then_add() -> bool:
     """Whether paddle.nn.functional.linear in dygraph computes a matmul, then adds the bias
     (Paddle's `linear` op on CPU, 2.6 and 3.x; tested bit for bit against a split matmul).

@@ -1,6 +1,6 @@
 """part-1 cherry from: [Dygraph] Add group sharded api (#40129), with dygraph sharding stage 2
-(#37707) and stage 3 (#38052), and sharding stage 1 with split parameters (#57715), extended
-to CPU builds.
+(#37707) and stage 3 (#38052), sharding stage 1 with split parameters (#57715) and with fused
+optimizer states (#69625), extended to CPU builds.
 
 `paddle.distributed.sharding.group_sharded_parallel` and the stage-2 optimizer's and
 stage-3 model's constructors assert a GPU, XPU or custom device, so on a CPU build
@@ -9,7 +9,9 @@ its first step. This unit runs Paddle's own classes on the host over the group's
 collectives (paddle_ext.host_sharding: the dispatcher builds them with device "cpu"; their
 constructors pass their device checks; parameter storage and the clip's norm stay on the
 host). Stage 1 with split_param (PaddleFormers' default) failed in fleet's tensor fusion
-helper, which knows no host device: it answers "cpu" there now. It acts on the device "cpu" only, which Paddle refuses; CPU builds only (GPU builds
+helper, which knows no host device: it answers "cpu" there now, as does the optimizer's
+fused state storage (paddle.optimizer.fusion_utils, 3.x: sharding's
+enable_fuse_optimizer_states), which keeps a copy of that lookup. It acts on the device "cpu" only, which Paddle refuses; CPU builds only (GPU builds
 keep Paddle's classes as they are). The dispatcher is rebound where a module took it by
 name (`paddle.distributed.sharding` exports it).
 """
@@ -63,8 +65,9 @@ def _apply(patcher: Patcher) -> None:
     patcher.swap(storage, "add_rank_params", params_added_on_host(storage.add_rank_params))
     clip = _module("group_sharded_utils").GroupShardedClipGrad
     patcher.swap(clip, "_dygraph_clip", clipped_on_host(clip._dygraph_clip))
-    if compat.tensor_fusion_device_aware():  # 2.6 aligns as for gpu on every device
-        fusion = fusion_module()
+    fusions = [fusion_module()] if compat.tensor_fusion_device_aware() else []  # 2.6 aligns as for gpu
+    fusions += [m for m in (compat.optimizer_fusion_module(),) if m is not None]
+    for fusion in fusions:
         # imported=True: auto_parallel's modules took both by name
         patcher.swap(fusion, "alignment", fusion_alignment_on_host(fusion.alignment), imported=True)
         patcher.swap(fusion, "get_current_device_type", fusion_device_on_host(fusion.get_current_device_type),
@@ -86,7 +89,7 @@ def _unavailable() -> str | None:
 
 UNIT = PatchUnit(
     name="host_sharding",
-    upstream=(40129, 37707, 38052, 57715),
+    upstream=(40129, 37707, 38052, 57715, 69625),
     title="Add group sharded api (sharding stage 2 and 3), split param sharding stage 1",
     summary="sharding stage 2 / 3 (group_sharded_parallel) and stage 1 with split_param run on CPU builds",
     apply=_apply,

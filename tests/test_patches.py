@@ -69,8 +69,9 @@ def patched_attributes():
                     "add_rank_params"),
                    (importlib.import_module(f"{host_sharding.PACKAGE}.group_sharded_utils").GroupShardedClipGrad,
                     "_dygraph_clip")]
-        if compat.tensor_fusion_device_aware():
-            owners += [(host_sharding.fusion_module(), name) for name in ("alignment", "get_current_device_type")]
+        fusions = [host_sharding.fusion_module()] if compat.tensor_fusion_device_aware() else []
+        fusions += [m for m in (compat.optimizer_fusion_module(),) if m is not None]
+        owners += [(m, name) for m in fusions for name in ("alignment", "get_current_device_type")]
     if compat.upstream_schedule_node_classes() is None:  # 2.6, 3.0: the unit adds them
         owners += [(compat.meta_parallel_module(), name) for name in ("ScheduleNode", "ScheduleChunk")]
     return {(id(o), name): vars(o).get(name, MISSING) for o, name in owners}

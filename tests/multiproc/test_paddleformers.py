@@ -53,10 +53,12 @@ REL_BOUND = 1e-5
 LOSS_BOUND = 1e-6
 GRAD_BOUND = 1e-5
 LAUNCHES = {"a": 2, "b": 2, "c,d": 4, "f": 4, "g": 2, "h": 2, "i": 4, "e": 4, "j": 4, "k": 2, "l": 2, "m": 2,
-            "n,x": 2, "o,y": 2, "p": 4, "q": 2, "r": 4}
+            "n,x": 2, "o,y": 2, "p": 4, "q": 2, "r": 4, "s": 2, "t": 2, "u": 2, "v": 2, "w": 2, "z": 2}
 # Sharding stages 2 and 3, and stage 1 with split_param, keep the reduced gradients in
 # buffers of their own, not in the .grad a callback reads: for them the parameters are the check.
-NO_GRADIENT_VIEW = {"n", "o", "p", "q", "r", "x", "y"}
+# sharding stage 1 without pipeline parallelism: fleet's ShardingParallel wrapper
+STAGE1_WITHOUT_PP = ("q", "s", "t", "u", "v", "w", "z")
+NO_GRADIENT_VIEW = {"n", "o", "p", "q", "r", "v", "w", "x", "y", "z"}
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +103,8 @@ def _check_parity(per_rank: dict, gradients: bool = True) -> None:
                          [("a", "a"), ("b", "b"), ("c", "c,d"), ("d", "c,d"), ("e", "e"), ("f", "f"), ("g", "g"),
                           ("h", "h"), ("i", "i"), ("j", "j"),
                           ("k", "k"), ("l", "l"), ("m", "m"), ("n", "n,x"), ("o", "o,y"), ("x", "n,x"), ("y", "o,y"),
-                          ("p", "p"), ("q", "q"), ("r", "r")])
+                          ("p", "p"), ("q", "q"), ("r", "r"), ("s", "s"), ("t", "t"), ("u", "u"), ("v", "v"),
+                          ("w", "w"), ("z", "z")])
 def test_trainer_parity(results, name, launch_names):
     per_rank = results(launch_names)[name]
     _check_parity(per_rank, gradients=name not in NO_GRADIENT_VIEW)
@@ -109,9 +112,9 @@ def test_trainer_parity(results, name, launch_names):
     if name == "m":  # no pipeline: fleet's own TensorParallel wrapper, on CPU
         assert classes[0] == "TensorParallel", classes
         return
-    if name in ("n", "o", "q", "x", "y"):  # no pipeline: Paddle's sharding wrappers (unit host_sharding)
-        wrapper = {"n": "GroupShardedStage2", "o": "GroupShardedStage3", "q": "ShardingParallel"}
-        assert classes[0] == wrapper[{"x": "n", "y": "o"}.get(name, name)], classes
+    if name in ("n", "o", "x", "y", *STAGE1_WITHOUT_PP):  # no pipeline: Paddle's sharding wrappers
+        wrapper = {"n": "GroupShardedStage2", "o": "GroupShardedStage3"}
+        assert classes[0] == wrapper.get({"x": "n", "y": "o"}.get(name, name), "ShardingParallel"), classes
         return
     assert "PipelineParallel" in classes and classes[1] == "PipelineEngine"
     if name == "b":
@@ -164,15 +167,43 @@ def test_sharding_overlap_through_the_trainer_is_exact(results):
         assert both["j"][rank]["digest"] == both["e"][rank]["digest"], f"rank {rank}: overlap on != off"
 
 
-def test_split_param_sharding_overlap_through_the_trainer_is_exact(results):
-    """r: p (split_param, PaddleFormers' default) with pp_sharding_comm_overlap: Paddle's
-    DygraphShardingOptimizerV2 takes the engine's buckets, which the engine reduce-scatters
-    during the backward; the same parameters as p's, where the optimizer reduces, bit for bit."""
+def test_split_param_sharding_overlap_through_the_trainer(results):
+    """r: p (split_param, PaddleFormers' default) with pp_sharding_comm_overlap: the engine
+    overlaps, reduce-scattering Paddle's FusedCommBuffers, which DygraphShardingOptimizerV2
+    takes (bit for bit p: test_sharding_stage1_switches_leave_the_numbers_alone)."""
     both = {"p": results("p")["p"], "r": results("r")["r"]}
     for rank in both["r"]:
         assert both["r"][rank]["sharding_comm_overlap"] and not both["p"][rank]["sharding_comm_overlap"]
-        assert both["r"][rank]["losses"] == both["p"][rank]["losses"]
-        assert both["r"][rank]["digest"] == both["p"][rank]["digest"], f"rank {rank}: overlap on != off"
+
+
+# config -> (the config it must equal bit for bit, its sharding optimizer, the switches that
+# optimizer must run with): PaddleFormers' sharding stage 1 switches
+STAGE1_SWITCHES = {
+    "t": ("s", "DygraphShardingOptimizer", {"tensor_fusion", "comm_overlap"}),
+    "u": ("s", "DygraphShardingOptimizer", {"_broadcast_overlap"}),
+    "v": ("q", "DygraphShardingOptimizerV2", {"comm_overlap"}),
+    "w": ("q", "DygraphShardingOptimizerV2", {"_all_gather_overlap_forward"}),
+    "z": ("q", "DygraphShardingOptimizerV2", {"sd_release_grads", "enable_fuse_optimizer_states"}),
+    "r": ("p", "DygraphShardingOptimizerV2", {"pp_overlap", "sd_release_grads", "enable_fuse_optimizer_states"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(STAGE1_SWITCHES))
+def test_sharding_stage1_switches_leave_the_numbers_alone(results, name):
+    """PaddleFormers' sharding stage 1 switches (stage1_tensor_fusion with stage1_overlap,
+    stage1_broadcast_overlap; with split_param stage1_overlap, stage1_allgather_overlap,
+    sd_release_grads with fuse_optimizer_states, and at pp2 pp_sharding_comm_overlap with
+    both releases): each runs on CPU with the optimizer switched as asked (the optimizer's
+    fused state storage needed the host_sharding unit), and ends with the parameters of the
+    same run without them, bit for bit."""
+    base, cls, flags = STAGE1_SWITCHES[name]
+    both = {base: results(base)[base], name: results(name)[name]}
+    for rank, r in both[name].items():
+        state = r["sharding_optimizer"]
+        assert state["class"] == cls and {k for k, on in state.items() if on is True} == flags, (rank, state)
+        assert both[base][rank]["sharding_optimizer"]["class"] == cls
+        assert r["losses"] == both[base][rank]["losses"]
+        assert r["digest"] == both[base][rank]["digest"], f"rank {rank}: {name} != {base}"
 
 
 @pytest.mark.parametrize("plain, master", [("n", "x"), ("o", "y")])

@@ -50,7 +50,15 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
         q  sharding stage 1 with split_param without pipeline parallelism (2 ranks)
         r  p with pp_sharding_comm_overlap: the optimizer takes the engine's gradient buckets
            (Paddle's FusedCommBuffers), which the engine reduce-scatters during the backward;
-           with pp_release_grads, after which the optimizer wants its slices released (4 ranks)
+           with pp_release_grads, sd_release_grads and fuse_optimizer_states (4 ranks)
+        s  sharding stage 1 without pipeline parallelism (split_param off: Paddle's
+           DygraphShardingOptimizer in fleet's ShardingParallel) (2 ranks)
+        t  s with stage1_tensor_fusion and stage1_overlap (2 ranks)
+        u  s with stage1_broadcast_overlap (2 ranks)
+        v  q with stage1_overlap (the optimizer's own reduce-scatter hooks) (2 ranks)
+        w  q with stage1_allgather_overlap (2 ranks)
+        z  q with sd_release_grads and fuse_optimizer_states (the optimizer's FusionStorage,
+           unit host_sharding) (2 ranks)
 
 CONFIG may name several, comma-separated, for one topology and accumulation count (c,d):
 each gets its own Trainer in this process (a second fleet.init in one process keeps the
@@ -128,7 +136,14 @@ CONFIGS = {
     "y": dict(acc=4, sharding=2, pp=1, stage="stage3", clip=CLIP, master_grad=True),
     "p": dict(acc=4, sharding=2, split_param=True),
     "q": dict(acc=4, sharding=2, pp=1, split_param=True),
-    "r": dict(acc=4, sharding=2, split_param=True, sharding_overlap=True, switches=dict(pp_release_grads=True)),
+    "r": dict(acc=4, sharding=2, split_param=True, sharding_overlap=True,
+              switches=dict(pp_release_grads=True, sd_release_grads=True, fuse_optimizer_states=True)),
+    "s": dict(acc=4, sharding=2, pp=1),
+    "t": dict(acc=4, sharding=2, pp=1, switches=dict(stage1_tensor_fusion=True, stage1_overlap=True)),
+    "u": dict(acc=4, sharding=2, pp=1, switches=dict(stage1_broadcast_overlap=True)),
+    "v": dict(acc=4, sharding=2, pp=1, split_param=True, switches=dict(stage1_overlap=True)),
+    "w": dict(acc=4, sharding=2, pp=1, split_param=True, switches=dict(stage1_allgather_overlap=True)),
+    "z": dict(acc=4, sharding=2, pp=1, split_param=True, switches=dict(sd_release_grads=True, fuse_optimizer_states=True)),
     "k": dict(acc=4, switches=dict(pp_release_grads=True, overlap_p2p_comm=True, clear_every_step_cache=True,
                                    best_unbalanced_scheduler=True, offload_queue=True, variable_seq_lengths=True,
                                    pp_sync_param=True, pp_sync_moment=True, timer=True)),
@@ -472,6 +487,7 @@ def main():
                   else compare_grads(
                       trainer.first_grads, ref.first_grads, pipe, mapping, sharding_owned(trainer)),
                   "classes": [c.__name__ for c in type(engine).__mro__],
+                  "sharding_optimizer": sharding_optimizer_state(trainer.optimizer),
                   "dp_comm_overlap": getattr(engine, "_dp_comm_overlap", None),
                   "schedule": engine.schedule().kind if hasattr(engine, "schedule") else None,
                   "placement": engine.schedule().placement if hasattr(engine, "schedule") else None,
@@ -487,6 +503,20 @@ def main():
         with open(os.path.join(out_dir, f"result.{name}.{rank}.json"), "w") as f:
             json.dump(result, f)
         print(f"rank {rank}: config {name} done", flush=True)
+
+
+SHARDING_FLAGS = ("tensor_fusion", "comm_overlap", "_broadcast_overlap", "_all_gather_overlap_forward",
+                  "sd_release_grads", "enable_fuse_optimizer_states", "pp_overlap")
+
+
+def sharding_optimizer_state(optimizer):
+    """The stage-1 sharding optimizer in the chain (class, and the switches it runs with), or None."""
+    while optimizer is not None:
+        if type(optimizer).__name__.startswith("DygraphShardingOptimizer"):
+            return {"class": type(optimizer).__name__,
+                    **{k: bool(getattr(optimizer, k, False)) for k in SHARDING_FLAGS}}
+        optimizer = getattr(optimizer, "_inner_opt", None)
+    return None
 
 
 def evaluate_and_resume(trainer, cfg, out_dir, dataset, config):
