@@ -53,7 +53,7 @@ REL_BOUND = 1e-5
 LOSS_BOUND = 1e-6
 GRAD_BOUND = 1e-5
 LAUNCHES = {"a": 2, "b": 2, "c,d": 4, "f": 4, "g": 2, "h": 2, "i": 4, "e": 4, "j": 4, "k": 2, "l": 2, "m": 2,
-            "n,x": 2, "o,y": 2, "p": 4, "q": 2, "r": 4, "s": 2, "t": 2, "u": 2, "v": 2, "w": 2, "z": 2}
+            "n,x": 2, "o,y": 2, "p": 4, "q": 2, "r": 4, "s": 2, "t": 2, "u": 2, "v": 2, "w": 2, "z": 2, "rc": 2}
 # Sharding stages 2 and 3, and stage 1 with split_param, keep the reduced gradients in
 # buffers of their own, not in the .grad a callback reads: for them the parameters are the check.
 # sharding stage 1 without pipeline parallelism: fleet's ShardingParallel wrapper
@@ -104,7 +104,7 @@ def _check_parity(per_rank: dict, gradients: bool = True) -> None:
                           ("h", "h"), ("i", "i"), ("j", "j"),
                           ("k", "k"), ("l", "l"), ("m", "m"), ("n", "n,x"), ("o", "o,y"), ("x", "n,x"), ("y", "o,y"),
                           ("p", "p"), ("q", "q"), ("r", "r"), ("s", "s"), ("t", "t"), ("u", "u"), ("v", "v"),
-                          ("w", "w"), ("z", "z")])
+                          ("w", "w"), ("z", "z"), ("rc", "rc")])
 def test_trainer_parity(results, name, launch_names):
     per_rank = results(launch_names)[name]
     _check_parity(per_rank, gradients=name not in NO_GRADIENT_VIEW)
@@ -218,6 +218,18 @@ def test_group_sharding_with_main_grads_is_exact(results, plain, master):
         assert both[master][rank]["digest"] == both[plain][rank]["digest"], f"rank {rank}: main grads changed it"
 
 
+def test_recompute_through_the_pipe_leaves_the_numbers_alone(results):
+    """rc: a with every decoder layer recomputed in its backward (PaddleFormers'
+    recompute_granularity "full"): fleet's recompute ran for every layer's forward of every
+    micro-batch (4 layers over the 2 stages, 4 micro-batches, 3 steps), and the losses and
+    parameters are a's, bit for bit."""
+    a, rc = results("a")["a"], results("rc")["rc"]
+    for rank in rc:
+        assert rc[rank]["recomputed"] == 2 * 4 * 3 and a[rank]["recomputed"] == 0, (rank, rc[rank]["recomputed"])
+        assert rc[rank]["losses"] == a[rank]["losses"]
+        assert rc[rank]["digest"] == a[rank]["digest"], f"rank {rank}: recompute changed the parameters"
+
+
 def test_every_pipeline_switch_leaves_the_numbers_alone(results):
     """k: PaddleFormers' other pipeline switches on (release grads, overlap_p2p_comm, ...)
     against a with them off: the same losses and parameters, bit for bit."""
@@ -227,11 +239,12 @@ def test_every_pipeline_switch_leaves_the_numbers_alone(results):
         assert k[rank]["digest"] == a[rank]["digest"], f"rank {rank}: the switches changed the parameters"
 
 
-@pytest.mark.parametrize("name", ["a", "f", "m"])
+@pytest.mark.parametrize("name", ["a", "f", "m", "p"])
 def test_evaluate_and_resume(results, name):
     """f and m resume under tensor parallelism (f with pipeline parallelism and clipping):
     Paddle's FlexCheckpoint loader exchanges the slices between ranks, staged on the host
-    by the host_checkpoint unit."""
+    by the host_checkpoint unit; p under sharding with split_param (the optimizer's states
+    held in slices of its flat buffers)."""
     for rank, r in results(name)[name].items():
         assert abs(r["eval_loss"] - r["ref_eval_loss"]) <= LOSS_BOUND * r["ref_eval_loss"], (rank, r["eval_loss"])
         assert r["resume_max_abs_diff"] == 0.0, f"rank {rank}: resumed run differs by {r['resume_max_abs_diff']}"

@@ -46,7 +46,11 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
         y  o with amp_master_grad (2 ranks, in o's launch)
         p  pp2 x sharding2 stage 1 with split_param (PaddleFormers' default; Paddle's
            DygraphShardingOptimizerV2, which wants amp_master_grad): the optimizer reduce-
-           scatters the gradients, the engine reduces none (4 ranks)
+           scatters the gradients, the engine reduces none; evaluate() and the resume as a's,
+           the optimizer's slices resharded through FlexCheckpoint (4 ranks)
+        rc a with full recompute of every decoder layer (recompute_granularity "full",
+           method "uniform", one layer per unit: fleet's recompute in the pipe's layers)
+           (2 ranks)
         q  sharding stage 1 with split_param without pipeline parallelism (2 ranks)
         r  p with pp_sharding_comm_overlap: the optimizer takes the engine's gradient buckets
            (Paddle's FusedCommBuffers), which the engine reduce-scatters during the backward;
@@ -83,6 +87,7 @@ import sys
 import numpy as np
 import paddle
 import paddle.distributed as dist
+import paddleformers.nn.pp_model as pf_pp_model
 from paddleformers.nn.attention import flashmask_attention as pf_flashmask
 from paddleformers.trainer import Trainer, TrainerCallback, TrainingArguments
 from paddleformers.transformers import (
@@ -103,6 +108,20 @@ from paddle_ext.pipeline.v_layer import v_segmented
 paddle_ext.enable()
 
 VOCAB, HIDDEN, SEQ, LAYERS, STEPS, LR, SEED = 64, 16, 8, 4, 3, 1e-2, 1234
+
+
+def counted(fn):
+    """fn, counting its calls (the pipe's decoder layers call fleet's recompute by this name)."""
+    def call(*args, **kwargs):
+        call.calls += 1
+        return fn(*args, **kwargs)
+
+    call.calls = 0
+    return call
+
+
+pf_pp_model.recompute = counted(pf_pp_model.recompute)
+RECOMPUTE = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
 # AdamW's epsilon, the Trainer's (adam_epsilon) and the reference's, every config. AdamW's
 # first update is lr * g / (|g| + eps): its slope in a gradient element is up to lr / eps, so
 # at PaddleFormers' default 1e-8 a gradient element near 1e-8 whose last bits differ (a
@@ -134,7 +153,8 @@ CONFIGS = {
     "o": dict(acc=4, sharding=2, pp=1, stage="stage3", clip=CLIP),
     "x": dict(acc=4, sharding=2, pp=1, stage="stage2", clip=CLIP, master_grad=True),
     "y": dict(acc=4, sharding=2, pp=1, stage="stage3", clip=CLIP, master_grad=True),
-    "p": dict(acc=4, sharding=2, split_param=True),
+    "p": dict(acc=4, sharding=2, split_param=True, eval_resume=True),
+    "rc": dict(acc=4, model_config=RECOMPUTE),
     "q": dict(acc=4, sharding=2, pp=1, split_param=True),
     "r": dict(acc=4, sharding=2, split_param=True, sharding_overlap=True,
               switches=dict(pp_release_grads=True, sd_release_grads=True, fuse_optimizer_states=True)),
@@ -181,6 +201,8 @@ def model_config(cfg, tp):
     # the vocabulary and takes fleet's ParallelCrossEntropy (its op has no CPU kernel in
     # Paddle: unit parallel_cross_entropy); f gathers the logits (c_concat) for the plain loss.
     config.tensor_parallel_output = not cfg.get("gathered_logits", False)
+    for k, v in cfg.get("model_config", {}).items():
+        setattr(config, k, v)
     return config
 
 
@@ -472,7 +494,9 @@ def main():
         cfg = CONFIGS[name]
         per_step = cfg["acc"] * cfg.get("dp", 1) * cfg.get("sharding", 1)
         dataset = Samples(per_step * STEPS, cfg.get("documents", (0, SEQ)))
+        recomputed = pf_pp_model.recompute.calls
         trainer, pipe, mapping, losses, config = train(name, cfg, out_dir, dataset)
+        recomputed = pf_pp_model.recompute.calls - recomputed
         engine = trainer.model_wrapped
         if cfg.get("stage") == "stage3":  # each rank holds a slice of every parameter: gather them
             engine.get_all_parameters()
@@ -488,6 +512,7 @@ def main():
                       trainer.first_grads, ref.first_grads, pipe, mapping, sharding_owned(trainer)),
                   "classes": [c.__name__ for c in type(engine).__mro__],
                   "sharding_optimizer": sharding_optimizer_state(trainer.optimizer),
+                  "recomputed": recomputed,
                   "dp_comm_overlap": getattr(engine, "_dp_comm_overlap", None),
                   "schedule": engine.schedule().kind if hasattr(engine, "schedule") else None,
                   "placement": engine.schedule().placement if hasattr(engine, "schedule") else None,
