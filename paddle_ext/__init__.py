@@ -40,6 +40,7 @@ def enable(config: Any = None) -> None:
     from paddle_ext.patches import series
 
     debug.configure(config)  # before the units: comm_debug may start the watchdog
+    config_module.configure_pp_configs(config)
     s = series()
     s.apply(config_module.from_source(config, s.names), compat.paddle_version())
     section = config_module.plugin_section(config)

@@ -244,6 +244,18 @@ def pipeline_shared_layer_params(layers: Any) -> list:
     return params
 
 
+def pipeline_shared_weights(layers: Any) -> list[tuple[Any, list[int]]]:
+    """(weight, the global ranks of the stages that hold it) for each weight a PipelineLayer
+    ties across stages on this rank (its shared_comm: 3.x names the weight attributes in a
+    list, 2.6 names one)."""
+    out = []
+    for comm in (getattr(layers, "shared_comm", None) or {}).values():
+        attrs = comm["weight_attr"]
+        for attr in ([attrs] if isinstance(attrs, str) else attrs):
+            out.append((getattr(comm["layer"], attr), list(comm["ranks"])))
+    return out
+
+
 def global_rank() -> int:
     import paddle.distributed as dist
 

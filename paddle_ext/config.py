@@ -8,6 +8,12 @@ the key "paddle_ext", e.g.
 
 The environment variable PADDLE_EXT_PATCHES ("name=off,other=on") overrides
 single units without touching code. Unknown keys and wrong types raise.
+
+The section "pp_configs" gives the plugin's own pp_configs keys (PLUGIN_PP_CONFIG_DEFAULTS:
+the schedule, its W cap, count_shared_weights_once) for every strategy of the process, as
+PADDLE_EXT_PP_CONFIGS ("schedule_mode=ZBH1,zb_max_pending_w=2") does, the environment
+winning. It is how a trainer that builds its strategy itself (PaddleFormers' Trainer) gets
+them; a key the strategy itself sets wins over both.
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 SECTION = "paddle_ext"
-PLUGIN_KEYS = ("patches", "runtime", "comm")  # runtime: paddle_ext.runtime.config; comm: paddle_ext.comm.settings
+# runtime: paddle_ext.runtime.config; comm: paddle_ext.comm.settings; pp_configs: configure_pp_configs
+PLUGIN_KEYS = ("patches", "runtime", "comm", "pp_configs")
 ENV_PATCHES = "PADDLE_EXT_PATCHES"
+ENV_PP_CONFIGS = "PADDLE_EXT_PP_CONFIGS"
 _TRUE = {"1", "on", "true", "yes"}
 _FALSE = {"0", "off", "false", "no"}
 
@@ -116,10 +124,20 @@ PP_CONFIG_DEFAULTS: dict[str, Any] = {
 # static fleet pipeline), which the dygraph engines ignore.
 # zb_max_pending_w: with a zero-bubble schedule_mode, at most that many W's (weight
 # gradients) wait per rank (0: the schedule's own, up to the rank's lag).
+# count_shared_weights_once: a weight tied across stages (SharedLayerDesc: the embedding
+# and the head) enters the global gradient norm of fleet's HybridParallelClipGrad once, from
+# its first stage. Paddle counts it on every stage that holds it (PipelineLayer marks the
+# copies `is_firstly_shared` only where a parameter's name equals the weight attribute's,
+# which generated names never do), so pipelines clip harder than one process; off by
+# default: with it the clipped gradients are no longer Paddle's.
 PLUGIN_PP_CONFIG_DEFAULTS: dict[str, Any] = {
     "schedule_mode": "",
     "zb_max_pending_w": 0,
+    "count_shared_weights_once": False,
 }
+
+# the plugin's pp_configs keys for every strategy of the process (configure_pp_configs)
+_PROCESS_PP_CONFIGS: dict[str, Any] = {}
 
 # schedule_mode -> the generator kind (paddle_ext.pipeline.schedule.generate), None:
 # the engine's default. "1F1B" / "ZBH1" need one virtual stage; "VPP" / "ZBVPP" take
@@ -207,20 +225,72 @@ def split_pp_configs(strategy: Any, pp_configs: Mapping[str, Any] | str,
         default = PP_CONFIG_DEFAULTS.get(key)
         if isinstance(default, bool) and not isinstance(value, bool):
             raise TypeError(f"hybrid_configs['pp_configs'][{key!r}] must be True or False, got {value!r}")
-    if "schedule_mode" in pp_configs:
-        check_schedule_mode(pp_configs["schedule_mode"])
-    cap = pp_configs.get("zb_max_pending_w", 0)
-    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
-        raise ValueError(f"hybrid_configs['pp_configs']['zb_max_pending_w'] = {cap!r} is not allowed: must be an "
-                         "integer >= 0 (0: no cap)")
+    _check_plugin_pp_configs(pp_configs, "hybrid_configs['pp_configs']")
     extra = {k: v for k, v in pp_configs.items() if k not in native_keys}
     if extra:
         _extra_pp_configs(strategy).update(extra)
     return {k: v for k, v in pp_configs.items() if k in native_keys}
 
 
+def _check_plugin_pp_configs(values: Mapping[str, Any], where: str) -> None:
+    """The plugin's own pp_configs keys among `values`, checked (`where` names the mapping)."""
+    if "schedule_mode" in values:
+        check_schedule_mode(values["schedule_mode"], where)
+    cap = values.get("zb_max_pending_w", 0)
+    if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
+        raise ValueError(f"{where}['zb_max_pending_w'] = {cap!r} is not allowed: must be an integer >= 0 "
+                         "(0: no cap)")
+    once = values.get("count_shared_weights_once", False)
+    if not isinstance(once, bool):
+        raise TypeError(f"{where}['count_shared_weights_once'] must be True or False, got {once!r}")
+
+
+def _parse_pp_env(text: str) -> dict[str, Any]:
+    values: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        name, sep, value = (x.strip() for x in item.partition("="))
+        if not sep or name not in PLUGIN_PP_CONFIG_DEFAULTS:
+            raise ValueError(f"{ENV_PP_CONFIGS}: expected KEY=VALUE items with KEY one of "
+                             f"{sorted(PLUGIN_PP_CONFIG_DEFAULTS)}, got {item!r}")
+        default = PLUGIN_PP_CONFIG_DEFAULTS[name]
+        if isinstance(default, bool):
+            if value.lower() not in _TRUE | _FALSE:
+                raise ValueError(f"{ENV_PP_CONFIGS}: {name} = {value!r} is not allowed: on or off")
+            values[name] = value.lower() in _TRUE
+        elif isinstance(default, int):
+            try:
+                values[name] = int(value)
+            except ValueError:
+                raise ValueError(f"{ENV_PP_CONFIGS}: {name} = {value!r} is not an integer") from None
+        else:
+            values[name] = value
+    _check_plugin_pp_configs(values, ENV_PP_CONFIGS)
+    return values
+
+
+def configure_pp_configs(source: Any = None) -> dict[str, Any]:
+    """Sets the plugin's pp_configs keys for every strategy of this process from the
+    config's "pp_configs" section, then PADDLE_EXT_PP_CONFIGS (see the module docstring);
+    returns them. Paddle's own pp_configs keys are refused there: they belong to the
+    strategy, which every trainer writes."""
+    section = _section(source).get("pp_configs", {})
+    if not isinstance(section, Mapping):
+        raise TypeError(f"config[{SECTION!r}]['pp_configs'] must be a mapping, got {type(section).__name__}")
+    foreign = sorted(k for k in section if k not in PLUGIN_PP_CONFIG_DEFAULTS)
+    if foreign:
+        raise ValueError(f"paddle_ext.pp_configs keys {foreign} are not the plugin's: it takes "
+                         f"{sorted(PLUGIN_PP_CONFIG_DEFAULTS)}; Paddle's keys go into the strategy's "
+                         "hybrid_configs['pp_configs']")
+    _check_plugin_pp_configs(section, "paddle_ext.pp_configs")
+    values = {**section, **_parse_pp_env(os.environ.get(ENV_PP_CONFIGS, ""))}
+    _PROCESS_PP_CONFIGS.clear()
+    _PROCESS_PP_CONFIGS.update(values)
+    return dict(values)
+
+
 def pp_config(strategy: Any, key: str) -> Any:
-    """A pp_configs value from wherever this Paddle release keeps it."""
+    """A pp_configs value from wherever this Paddle release keeps it (the plugin's own
+    keys: the strategy's, else the process's, else the default)."""
     extra = getattr(strategy, _EXTRA_ATTR, None) or {}
     if key in extra:
         return extra[key]
@@ -228,7 +298,7 @@ def pp_config(strategy: Any, key: str) -> Any:
     if key in {f.name for f in message.DESCRIPTOR.fields}:
         return getattr(message, key)
     if key in PLUGIN_PP_CONFIG_DEFAULTS:
-        return PLUGIN_PP_CONFIG_DEFAULTS[key]
+        return _PROCESS_PP_CONFIGS.get(key, PLUGIN_PP_CONFIG_DEFAULTS[key])
     return PP_CONFIG_DEFAULTS[key]
 
 
@@ -242,10 +312,10 @@ def pp_config_is_set(strategy: Any, key: str) -> bool:
     return key in {f.name for f in message.DESCRIPTOR.fields} and message.HasField(key)
 
 
-def check_schedule_mode(value: Any) -> str:
+def check_schedule_mode(value: Any, where: str = "hybrid_configs['pp_configs']") -> str:
     """pp_configs["schedule_mode"], checked: one of SCHEDULE_MODES."""
     if not isinstance(value, str) or value not in SCHEDULE_MODES:
-        raise ValueError(f"hybrid_configs['pp_configs']['schedule_mode'] = {value!r} is not supported; allowed: "
+        raise ValueError(f"{where}['schedule_mode'] = {value!r} is not supported; allowed: "
                          f"{sorted(SCHEDULE_MODES)}")
     return value
 

@@ -155,3 +155,36 @@ def test_unset_overlap_p2p_comm_keeps_the_v_placement_on_the_compute_thread():
     group.process_group = ProcessGroupGloo()
     assert default_overlap_p2p({1: group}, "interleaved") is True
     assert default_overlap_p2p({1: group}, "v") is False
+
+
+def test_plugin_keys_for_the_process_through_enable_and_the_environment(monkeypatch):
+    """A trainer that builds its strategy itself (PaddleFormers) gets the plugin's keys from
+    enable()'s config or PADDLE_EXT_PP_CONFIGS (the environment wins); a key the strategy
+    sets wins over both; Paddle's own keys and bad values are refused naming them."""
+    from paddle_ext.config import ENV_PP_CONFIGS
+
+    monkeypatch.delenv(ENV_PP_CONFIGS, raising=False)
+    paddle_ext.enable({"paddle_ext": {"pp_configs": {"schedule_mode": "ZBH1", "count_shared_weights_once": True}}})
+    plain = strategy_with({})
+    assert PipelineSettings.from_strategy(plain).kind == "zb-h1"
+    assert PipelineSettings.from_strategy(plain).count_shared_weights_once is True
+    assert PipelineSettings.from_strategy(strategy_with({"schedule_mode": "1F1B"})).kind == "1f1b"
+    monkeypatch.setenv(ENV_PP_CONFIGS, "zb_max_pending_w=2, count_shared_weights_once=off")
+    paddle_ext.enable({"paddle_ext": {"pp_configs": {"schedule_mode": "ZBH1", "count_shared_weights_once": True}}})
+    settings = PipelineSettings.from_strategy(strategy_with({}))
+    assert (settings.kind, settings.count_shared_weights_once) == ("zb-h1-w2", False)
+    monkeypatch.delenv(ENV_PP_CONFIGS)
+    paddle_ext.enable()  # no section: back to the defaults
+    assert PipelineSettings.from_strategy(strategy_with({})).kind is None
+    with pytest.raises(ValueError, match=r"paddle_ext.pp_configs keys \['dp_comm_overlap'\] are not the plugin's"):
+        paddle_ext.enable({"paddle_ext": {"pp_configs": {"dp_comm_overlap": True}}})
+    with pytest.raises(ValueError, match=r"paddle_ext.pp_configs\['schedule_mode'\] = 'ZB' is not supported"):
+        paddle_ext.enable({"paddle_ext": {"pp_configs": {"schedule_mode": "ZB"}}})
+    with pytest.raises(TypeError, match=r"\['count_shared_weights_once'\] must be True or False, got 1"):
+        paddle_ext.enable({"paddle_ext": {"pp_configs": {"count_shared_weights_once": 1}}})
+    monkeypatch.setenv(ENV_PP_CONFIGS, "zb_max_pending_w=two")
+    with pytest.raises(ValueError, match=r"PADDLE_EXT_PP_CONFIGS: zb_max_pending_w = 'two' is not an integer"):
+        paddle_ext.enable()
+    monkeypatch.setenv(ENV_PP_CONFIGS, "delay_scale_loss=on")
+    with pytest.raises(ValueError, match=r"expected KEY=VALUE items with KEY one of"):
+        paddle_ext.enable()

@@ -68,6 +68,9 @@ class PipelineSettings:
     # shapes may change from one step to the next (each step's first transfer on a channel
     # carries its header again), as upstream's dynamic-shape p2p allows
     dynamic_shape: bool = False
+    # pp_configs.count_shared_weights_once (the plugin's, opt-in; paddle_ext.config): a
+    # weight tied across stages enters fleet's global gradient norm from its first stage only
+    count_shared_weights_once: bool = False
 
     @classmethod
     def from_strategy(cls, strategy: Any) -> PipelineSettings:
@@ -91,7 +94,18 @@ class PipelineSettings:
                                 if pp_config_is_set(strategy, "overlap_p2p_comm") else None),
                    dynamic_shape=(bool(pp_config(strategy, "enable_dynamic_shape"))
                                   or not pipeline.get("p2p_cache_shape", True)),
+                   count_shared_weights_once=bool(pp_config(strategy, "count_shared_weights_once")),
                    grad_sync=GradSyncSettings.from_strategy(strategy))
+
+
+def mark_shared_weights_once(layers: Any) -> None:
+    """pp_configs.count_shared_weights_once: marks each weight the PipelineLayer ties across
+    stages `is_firstly_shared` on its first stage only, the attribute by which fleet's
+    HybridParallelClipGrad (and save_for_auto) take a tied weight once. Paddle's own marking
+    compares parameter names with weight attribute names and so marks no copy as a repeat."""
+    rank = compat.global_rank()
+    for weight, ranks in compat.pipeline_shared_weights(layers):
+        weight.is_firstly_shared = rank == min(ranks)
 
 
 def check_schedule_kind(settings: PipelineSettings, vpp: int, placement: str = "interleaved") -> None:
@@ -173,6 +187,8 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         # dp / sharding gradient reduction, overlapped with the backward (pipeline/grad_sync.py)
         self._grad_sync = GradReducer.for_engine(layers, hcg, self.accumulate_steps,
                                                  settings.delay_scale_loss, settings.grad_sync)
+        if settings.count_shared_weights_once:
+            mark_shared_weights_once(layers)
         # Upstream's test: the method on the PipelineLayer's class, and the flag.
         method = getattr(type(layers), "overlapped_forward_backward", None)
         # DualPipeV pairs through the method whenever the model has it (Paddle's DualPipeVParallel)

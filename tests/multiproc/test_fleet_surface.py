@@ -17,3 +17,4 @@ def test_pipeline_parallel_surface():
         log = result.logs[rank]
         assert f"rank {rank}: vpp=2 M=5: forward_backward_pipeline == train_batch bitwise" in log, result.describe()
         assert f"rank {rank}: all surface checks passed" in log, result.describe()
+        assert "with count_shared_weights_once = the model's" in log, result.describe()

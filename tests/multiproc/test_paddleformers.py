@@ -52,13 +52,21 @@ pytestmark = pytest.mark.multiprocess
 REL_BOUND = 1e-5
 LOSS_BOUND = 1e-6
 GRAD_BOUND = 1e-5
-LAUNCHES = {"a": 2, "b": 2, "c,d": 4, "f": 4, "g": 2, "h": 2, "i": 4, "e": 4, "j": 4, "k": 2, "l": 2, "m": 2,
+# one launch per topology and strategy; configs that differ only in the plugin's own
+# pp_configs (zb, zbd, cs: set through enable() per config) share their base's (zbv does not:
+# a second fleet.init in one process kept b's forward_backward_overlap_scheduler)
+LAUNCHES = {"a,zb": 2, "b": 2, "zbv": 2, "c,d,zbd,cs": 4, "f": 4, "g": 2, "h": 2, "i": 4, "e": 4, "j": 4, "k": 2, "l": 2, "m": 2,
             "n,x": 2, "o,y": 2, "p": 4, "q": 2, "r": 4, "s": 2, "t": 2, "u": 2, "v": 2, "w": 2, "z": 2, "rc": 2}
 # Sharding stages 2 and 3, and stage 1 with split_param, keep the reduced gradients in
 # buffers of their own, not in the .grad a callback reads: for them the parameters are the check.
 # sharding stage 1 without pipeline parallelism: fleet's ShardingParallel wrapper
 STAGE1_WITHOUT_PP = ("q", "s", "t", "u", "v", "w", "z")
 NO_GRADIENT_VIEW = {"n", "o", "p", "q", "r", "v", "w", "x", "y", "z"}
+
+
+def of(results, name: str) -> dict:
+    """Config `name`'s per-rank results, from the launch that runs it."""
+    return results(next(k for k in LAUNCHES if name in k.split(",")))[name]
 
 
 @pytest.fixture(scope="module")
@@ -99,14 +107,12 @@ def _check_parity(per_rank: dict, gradients: bool = True) -> None:
         assert worst <= REL_BOUND, f"rank {rank}: parameter {max(r['params'], key=r['params'].get)} differs by {worst:.3g}"
 
 
-@pytest.mark.parametrize("name,launch_names",
-                         [("a", "a"), ("b", "b"), ("c", "c,d"), ("d", "c,d"), ("e", "e"), ("f", "f"), ("g", "g"),
-                          ("h", "h"), ("i", "i"), ("j", "j"),
-                          ("k", "k"), ("l", "l"), ("m", "m"), ("n", "n,x"), ("o", "o,y"), ("x", "n,x"), ("y", "o,y"),
-                          ("p", "p"), ("q", "q"), ("r", "r"), ("s", "s"), ("t", "t"), ("u", "u"), ("v", "v"),
-                          ("w", "w"), ("z", "z"), ("rc", "rc")])
-def test_trainer_parity(results, name, launch_names):
-    per_rank = results(launch_names)[name]
+CONFIGS = [name for launch_names in LAUNCHES for name in launch_names.split(",")]
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_trainer_parity(results, name):
+    per_rank = of(results, name)
     _check_parity(per_rank, gradients=name not in NO_GRADIENT_VIEW)
     classes = per_rank[0]["classes"]
     if name == "m":  # no pipeline: fleet's own TensorParallel wrapper, on CPU
@@ -132,15 +138,16 @@ def test_trainer_parity(results, name, launch_names):
             assert [r["attn_implementation"], r["flashmask_unit"]] == ["flashmask", "flash_attention"], r
 
 
-@pytest.mark.parametrize("name,launch_names", [("c", "c,d"), ("d", "c,d"), ("f", "f")])
-def test_gradient_clipping_takes_the_global_norm(results, name, launch_names):
+@pytest.mark.parametrize("name", ["c", "d", "f", "zbd", "cs"])
+def test_gradient_clipping_takes_the_global_norm(results, name):
     """max_grad_norm > 0 (PaddleFormers' default is 1.0; here CLIP, below every step's norm, so
     that every step clips) at pp2 x dp2, with and without dp overlap, and pp2 x tp2: the
     global norm fleet's HybridParallelClipGrad takes over the stages and the tensor-parallel
     slices, after the engine's gradient reduction, equals the single process's gradients'
     (the tied embedding / head weight counted once per stage that holds it, as Paddle counts
-    it); the parameters of the clipped steps are held to the usual bounds (test_trainer_parity)."""
-    for rank, r in results(launch_names)[name].items():
+    it, or once with the plugin's opt-in pp_configs.count_shared_weights_once: cs); the
+    parameters of the clipped steps are held to the usual bounds (test_trainer_parity)."""
+    for rank, r in of(results, name).items():
         assert len(r["grad_norms"]) == 3 and len(r["ref_grad_norms"]) == 3, (rank, r["grad_norms"])
         for got, want in zip(r["grad_norms"], r["ref_grad_norms"]):
             assert abs(got - want) <= 1e-6 * want, f"rank {rank}: global norms {r['grad_norms']} != {r['ref_grad_norms']}"
@@ -148,7 +155,7 @@ def test_gradient_clipping_takes_the_global_norm(results, name, launch_names):
 
 
 def test_dp_overlap_through_the_trainer_is_exact(results):
-    both = results("c,d")
+    both = {"c": of(results, "c"), "d": of(results, "d")}
     for rank in both["d"]:
         assert both["d"][rank]["dp_comm_overlap"] and not both["c"][rank]["dp_comm_overlap"]
         assert both["d"][rank]["losses"] == both["c"][rank]["losses"]
@@ -159,7 +166,7 @@ def test_sharding_overlap_through_the_trainer_is_exact(results):
     """j: pp_sharding_comm_overlap (with the amp_master_grad PaddleFormers requires for it)
     against e without: the same parameters, bit for bit. Launches of their own: a second
     fleet.init in one process keeps the first strategy's pipeline configs (overlap off)."""
-    both = {"e": results("e")["e"], "j": results("j")["j"]}
+    both = {"e": of(results, "e"), "j": of(results, "j")}
     for rank in both["j"]:
         assert both["j"][rank]["sharding_comm_overlap"] and not both["e"][rank]["sharding_comm_overlap"]
         assert both["j"][rank]["main_grads"] > 0 and both["e"][rank]["main_grads"] == 0, rank
@@ -171,7 +178,7 @@ def test_split_param_sharding_overlap_through_the_trainer(results):
     """r: p (split_param, PaddleFormers' default) with pp_sharding_comm_overlap: the engine
     overlaps, reduce-scattering Paddle's FusedCommBuffers, which DygraphShardingOptimizerV2
     takes (bit for bit p: test_sharding_stage1_switches_leave_the_numbers_alone)."""
-    both = {"p": results("p")["p"], "r": results("r")["r"]}
+    both = {"p": of(results, "p"), "r": of(results, "r")}
     for rank in both["r"]:
         assert both["r"][rank]["sharding_comm_overlap"] and not both["p"][rank]["sharding_comm_overlap"]
 
@@ -197,7 +204,7 @@ def test_sharding_stage1_switches_leave_the_numbers_alone(results, name):
     fused state storage needed the host_sharding unit), and ends with the parameters of the
     same run without them, bit for bit."""
     base, cls, flags = STAGE1_SWITCHES[name]
-    both = {base: results(base)[base], name: results(name)[name]}
+    both = {base: of(results, base), name: of(results, name)}
     for rank, r in both[name].items():
         state = r["sharding_optimizer"]
         assert state["class"] == cls and {k for k, on in state.items() if on is True} == flags, (rank, state)
@@ -223,17 +230,44 @@ def test_recompute_through_the_pipe_leaves_the_numbers_alone(results):
     recompute_granularity "full"): fleet's recompute ran for every layer's forward of every
     micro-batch (4 layers over the 2 stages, 4 micro-batches, 3 steps), and the losses and
     parameters are a's, bit for bit."""
-    a, rc = results("a")["a"], results("rc")["rc"]
+    a, rc = of(results, "a"), of(results, "rc")
     for rank in rc:
         assert rc[rank]["recomputed"] == 2 * 4 * 3 and a[rank]["recomputed"] == 0, (rank, rc[rank]["recomputed"])
         assert rc[rank]["losses"] == a[rank]["losses"]
         assert rc[rank]["digest"] == a[rank]["digest"], f"rank {rank}: recompute changed the parameters"
 
 
+@pytest.mark.parametrize("name, base, kind", [("zb", "a", "zb-h1"), ("zbv", "b", "interleaved-zb"),
+                                              ("zbd", "d", "zb-h1")])
+def test_zero_bubble_through_the_trainer(results, name, base, kind):
+    """The plugin's zero-bubble schedules, which PaddleFormers' TrainingArguments cannot name:
+    pp_configs.schedule_mode set for the process through paddle_ext.enable()'s config. ZB-H1
+    (zb, and zbd at pp2 x dp2 with dp overlap and clipping) and interleaved ZB (zbv, vpp2 over
+    5 micro-batches) run as the engine's schedule and end with the parameters and losses of
+    1F1B / VPP (a, d / b), bit for bit: a backward split into I and W computes the same
+    gradients, in the same order per parameter."""
+    runs, reference = of(results, name), of(results, base)
+    for rank, r in runs.items():
+        assert r["schedule"] == kind, (rank, r["schedule"])
+        assert r["losses"] == reference[rank]["losses"]
+        assert r["digest"] == reference[rank]["digest"], f"rank {rank}: {name} != {base}"
+
+
+def test_shared_weights_counted_once_in_the_global_norm(results):
+    """cs: c with the plugin's opt-in pp_configs.count_shared_weights_once: the tied embedding /
+    head weight enters the clip's global norm from its first stage only, so the norm the
+    Trainer logs is the single process's (test_gradient_clipping_takes_the_global_norm), below
+    c's, which counts it on both stages as Paddle does."""
+    c, cs = of(results, "c"), of(results, "cs")
+    for rank in cs:
+        assert all(once < twice for once, twice in zip(cs[rank]["grad_norms"], c[rank]["grad_norms"])), (
+            rank, cs[rank]["grad_norms"], c[rank]["grad_norms"])
+
+
 def test_every_pipeline_switch_leaves_the_numbers_alone(results):
     """k: PaddleFormers' other pipeline switches on (release grads, overlap_p2p_comm, ...)
     against a with them off: the same losses and parameters, bit for bit."""
-    a, k = results("a")["a"], results("k")["k"]
+    a, k = of(results, "a"), of(results, "k")
     for rank in k:
         assert k[rank]["losses"] == a[rank]["losses"]
         assert k[rank]["digest"] == a[rank]["digest"], f"rank {rank}: the switches changed the parameters"
@@ -245,7 +279,7 @@ def test_evaluate_and_resume(results, name):
     Paddle's FlexCheckpoint loader exchanges the slices between ranks, staged on the host
     by the host_checkpoint unit; p under sharding with split_param (the optimizer's states
     held in slices of its flat buffers)."""
-    for rank, r in results(name)[name].items():
+    for rank, r in of(results, name).items():
         assert abs(r["eval_loss"] - r["ref_eval_loss"]) <= LOSS_BOUND * r["ref_eval_loss"], (rank, r["eval_loss"])
         assert r["resume_max_abs_diff"] == 0.0, f"rank {rank}: resumed run differs by {r['resume_max_abs_diff']}"
 

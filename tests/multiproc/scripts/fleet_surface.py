@@ -13,6 +13,10 @@ Usage: fleet_surface.py
    count: bitwise equal to an engine built for M = 4 from the same start; likewise a
    changed micro_batch_size.
 4. eval_batch(compute_loss=True) with a per-micro-batch list equals the tensor form.
+5. The tied embedding / head weight in fleet's global gradient norm (HybridParallelClipGrad):
+   Paddle's counts it on both stages; with PipelineSettings(count_shared_weights_once=True)
+   (the plugin's opt-in pp_configs key) the engine marks it `is_firstly_shared` on its
+   first stage only, and the norm is the model's, each weight once.
 """
 
 import sys
@@ -36,12 +40,35 @@ def params(model):
     return [p.numpy().copy() for p in model.parameters()]
 
 
-def build(hcg, vpp, m, delay=True, mbs=MBS):
+def build(hcg, vpp, m, delay=True, mbs=MBS, once=False, clip=None):
     paddle.seed(0)
     model = pipeline_model(VOCAB, HIDDEN, SEQ, blocks=PP * vpp, pp=PP, vpp=vpp)
-    engine = PipelineEngine(model, hcg, PipelineSettings(m, mbs, delay_scale_loss=delay))
-    opt = fleet.distributed_optimizer(paddle.optimizer.Adam(1e-2, parameters=model.parameters()))
+    engine = PipelineEngine(model, hcg, PipelineSettings(m, mbs, delay_scale_loss=delay,
+                                                         count_shared_weights_once=once))
+    opt = fleet.distributed_optimizer(paddle.optimizer.Adam(1e-2, parameters=model.parameters(), grad_clip=clip))
     return model, engine, opt
+
+
+def clip_norm(hcg, once):
+    """(the global norm fleet's HybridParallelClipGrad clips by, the model's own norm: every
+    gradient once, the tied weight from the first stage only) after one step's backward."""
+    clip = 1e-3  # below any norm: the clip scales every gradient by clip / norm
+    model, engine, opt = build(hcg, 1, 4, once=once, clip=paddle.nn.ClipGradByGlobalNorm(clip))
+    ids, labels = batch(0, 4 * MBS, SEQ, VOCAB)
+    engine.forward_backward_pipeline(engine._prepare_training([ids, labels], opt, None), None)
+    params_grads = [(p, p.grad) for p in model.parameters() if p.grad is not None]
+    grads = [g.numpy().astype(np.float64) for _, g in params_grads]
+    clipped = opt._inner_opt._grad_clip._dygraph_clip(params_grads)  # fleet's HybridParallelClipGrad
+    big = max(range(len(grads)), key=lambda i: np.abs(grads[i]).max())
+    k = np.unravel_index(np.abs(grads[big]).argmax(), grads[big].shape)
+    seen = clip * grads[big][k] / float(clipped[big][1].numpy()[k])
+    tied = {id(w) for w, ranks in compat.pipeline_shared_weights(model)
+            if hcg.get_global_rank() != min(ranks)}
+    square = sum(float((g ** 2).sum()) for (p, _), g in zip(params_grads, grads) if id(p) not in tied)
+    total = paddle.to_tensor([square], dtype="float64")
+    paddle.distributed.all_reduce(total, group=hcg.get_pipe_parallel_group())
+    marks = [getattr(w, "is_firstly_shared", None) for w, _ in compat.pipeline_shared_weights(model)]
+    return seen, float(total.numpy()[0]) ** 0.5, marks
 
 
 def trainer_step(engine, model, opt, data, m):
@@ -144,6 +171,19 @@ def main():
     for a, b in zip(params(model_a), params(model_b)):
         assert np.array_equal(a, b), "micro_batch_size changed between steps"
     print(f"rank {stage}: micro_batch_size 2 -> 1 ok", flush=True)
+
+    # Paddle's own marking: 3.x compares the parameter's name with a list of attribute names
+    # (never equal: the weight counts on both stages); 2.6 with the attribute's name, a str,
+    # so a substring test, which tiny_gpt's names happen to pass
+    paddle_norm, true_norm, _ = clip_norm(hcg, once=False)
+    twice = paddle_norm > true_norm * (1 + 1e-3)
+    assert twice or abs(paddle_norm - true_norm) <= 1e-5 * true_norm, (paddle_norm, true_norm)
+    once_norm, true_norm, marks = clip_norm(hcg, once=True)
+    assert marks == [stage == 0], marks
+    assert abs(once_norm - true_norm) <= 1e-5 * true_norm, (once_norm, true_norm)
+    print(f"rank {stage}: global norm {paddle_norm:.6f} (Paddle: the tied weight on "
+          f"{'both stages' if twice else 'its first stage'}), {once_norm:.6f} with count_shared_weights_once "
+          f"= the model's {true_norm:.6f}", flush=True)
     print(f"rank {stage}: all surface checks passed", flush=True)
 
 

@@ -155,6 +155,10 @@ CONFIGS = {
     "y": dict(acc=4, sharding=2, pp=1, stage="stage3", clip=CLIP, master_grad=True),
     "p": dict(acc=4, sharding=2, split_param=True, eval_resume=True),
     "rc": dict(acc=4, model_config=RECOMPUTE),
+    "zb": dict(acc=4, plugin_pp=dict(schedule_mode="ZBH1")),
+    "zbv": dict(acc=5, vpp=2, plugin_pp=dict(schedule_mode="ZBVPP")),
+    "zbd": dict(acc=4, dp=2, dp_comm_overlap=True, clip=CLIP, plugin_pp=dict(schedule_mode="ZBH1")),
+    "cs": dict(acc=4, dp=2, clip=CLIP, plugin_pp=dict(count_shared_weights_once=True)),
     "q": dict(acc=4, sharding=2, pp=1, split_param=True),
     "r": dict(acc=4, sharding=2, split_param=True, sharding_overlap=True,
               switches=dict(pp_release_grads=True, sd_release_grads=True, fuse_optimizer_states=True)),
@@ -392,7 +396,8 @@ def clip_as_hybrid_parallel(ref, config, cfg):
     "embedding_0.w_0" vs "embedding_weight"), so no stage is told to leave it out."""
     params = [p for p in ref.parameters() if p.grad is not None]
     square = sum(float((p.grad.astype("float64") ** 2).sum()) for p in params)
-    if config.tie_word_embeddings and cfg.get("pp", 2) > 1:
+    once = cfg.get("plugin_pp", {}).get("count_shared_weights_once", False)
+    if config.tie_word_embeddings and cfg.get("pp", 2) > 1 and not once:
         square += float((ref.get_input_embeddings().weight.grad.astype("float64") ** 2).sum())
     norm = square ** 0.5
     factor = cfg["clip"] / (max(norm, cfg["clip"]) + 1e-6)
@@ -466,6 +471,9 @@ def digest(pipe):
 
 
 def train(name, cfg, out_dir, dataset, resume=None, max_steps=STEPS, save_steps=None):
+    # the plugin's own pp_configs keys, which PaddleFormers' strategy cannot carry: for the
+    # process, through enable()'s config (None: back to the defaults)
+    paddle_ext.enable({"paddle_ext": {"pp_configs": cfg["plugin_pp"]}} if "plugin_pp" in cfg else None)
     extra = {"max_steps": max_steps}
     if save_steps:
         extra.update(save_strategy="steps", save_steps=save_steps)
