@@ -57,9 +57,11 @@ def test_pp2_sharding2_split_param_reduced_by_the_optimizer_or_reduce_scattered_
     the optimizer reduces its own buffers and the engine nothing; built with it, the
     optimizer takes the engine's buckets (Paddle's FusedCommBuffers), which the engine
     reduce-scatters, overlap on == off bitwise, handed over during the backward (small
-    buckets). Both match the reference; engine overlap with an optimizer that reduces its
+    buckets; zero bubble, 1F1B and VPP: no bucket holding a Linear weight before its chunk's
+    last W). Both match the reference; engine overlap with an optimizer that reduces its
     own buffers is refused with a message."""
-    result = launch("grad_overlap_parity.py", "1", "2", "1:4:0,2:4:1,2:5:0:2", "split", nproc=4, timeout=180)
+    result = launch("grad_overlap_parity.py", "1", "2", "1:4:0,2:4:1,2:5:0:2,1:4:0:2:16:z,2:4:1:2:16:z", "split",
+                    nproc=4, timeout=240)
     assert result.returncode == 0, result.describe()
     for rank in range(4):
         log = result.logs[rank]
@@ -68,7 +70,7 @@ def test_pp2_sharding2_split_param_reduced_by_the_optimizer_or_reduce_scattered_
                            r"bitwise, max abs diff to reference (\S+); the optimizer reduced, max abs diff to "
                            r"reference (\S+), bitwise equal to the engine's; overlap without the optimizer's "
                            r"consent refused", log)
-        assert len(found) == 3 and all(float(x) <= 1e-6 and float(y) <= 1e-6 for x, y in found), result.describe()
+        assert len(found) == 5 and all(float(x) <= 1e-6 and float(y) <= 1e-6 for x, y in found), result.describe()
         assert "handed over inside their own chunk's last backward" in log, result.describe()
 
 

@@ -282,7 +282,8 @@ def split_param_configs(hcg, configs, dp, sh, shard, use_scaler):
     scatters into Paddle's FusedCommBuffers, overlap on == off bitwise."""
     me, stage = dist.get_rank(), hcg.get_stage_id()
     for vpp, m, delay, bucket_kb, hidden, fb, p2p, _, zb, v in configs:
-        tag = f"split_param dp={dp} sharding={sh} vpp={vpp} M={m} delay_scale_loss={delay} bucket_kb={bucket_kb}"
+        tag = (f"split_param dp={dp} sharding={sh} vpp={vpp} M={m} delay_scale_loss={delay} bucket_kb={bucket_kb}"
+               f"{' zero_bubble=True' if zb else ''}")
         ref, ref_losses = reference(vpp, m, delay, hidden, dp, sh, use_scaler)
         runs = {}
         # dp > 1: Paddle's own optimizer path leaves the first step's gradients out of the
@@ -300,6 +301,7 @@ def split_param_configs(hcg, configs, dp, sh, shard, use_scaler):
             opt_types = [type(o).__name__ for o in grad_sync._chain(optimizers[0])]
             assert "DygraphShardingOptimizerV2" in opt_types, (opt_types, tag)
             assert engine._grad_sync.deferred == (not pp_overlap), (name, tag)
+            assert (engine.schedule().kind in ("zb-h1", "interleaved-zb")) == zb, (engine.schedule().kind, tag)
             if pp_overlap:
                 buckets = engine._grad_sync.buckets
                 assert buckets and all(b.comm_buffer is not None for b in buckets), (name, tag)
