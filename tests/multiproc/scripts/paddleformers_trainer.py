@@ -48,6 +48,10 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
            DygraphShardingOptimizerV2, which wants amp_master_grad): the optimizer reduce-
            scatters the gradients, the engine reduces none; evaluate() and the resume as a's,
            the optimizer's slices resharded through FlexCheckpoint (4 ranks)
+        ph a with Phi-3 (Phi3ForCausalLMPipe: fused qkv and gate-up projections, untied head)
+           instead of Llama (2 ranks, in a's launch)
+        gm a with Gemma 3 (Gemma3ForCausalLMPipe: scaled embedding, tied head, q/k norms,
+           sliding-window layers whose window spans the sequence) (2 ranks, in a's launch)
         rc a with full recompute of every decoder layer (recompute_granularity "full",
            method "uniform", one layer per unit: fleet's recompute in the pipe's layers)
            (2 ranks)
@@ -94,9 +98,15 @@ from paddleformers.transformers import (
     Ernie4_5Config,
     Ernie4_5ForCausalLM,
     Ernie4_5ForCausalLMPipe,
+    Gemma3ForCausalLM,
+    Gemma3ForCausalLMPipe,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     LlamaForCausalLMPipe,
+    Phi3Config,
+    Phi3ForCausalLM,
+    Phi3ForCausalLMPipe,
 )
 
 import paddle_ext
@@ -155,6 +165,8 @@ CONFIGS = {
     "y": dict(acc=4, sharding=2, pp=1, stage="stage3", clip=CLIP, master_grad=True),
     "p": dict(acc=4, sharding=2, split_param=True, eval_resume=True),
     "rc": dict(acc=4, model_config=RECOMPUTE),
+    "ph": dict(acc=4, model="phi3"),
+    "gm": dict(acc=4, model="gemma3"),
     "zb": dict(acc=4, plugin_pp=dict(schedule_mode="ZBH1")),
     "zbv": dict(acc=5, vpp=2, plugin_pp=dict(schedule_mode="ZBVPP")),
     "zbd": dict(acc=4, dp=2, dp_comm_overlap=True, clip=CLIP, plugin_pp=dict(schedule_mode="ZBH1")),
@@ -181,7 +193,14 @@ MODELS = {
     # (PaddleFormers 1.2.0's PipelineLayer then finds no layer to cut at); the pipe's own name
     "ernie4_5": (Ernie4_5Config, Ernie4_5ForCausalLM, Ernie4_5ForCausalLMPipe,
                  dict(head_dim=HIDDEN // 2, pp_seg_method="layer:DecoderLayer|EmptyLayer")),
+    "phi3": (Phi3Config, Phi3ForCausalLM, Phi3ForCausalLMPipe, {}),
+    # Gemma 3's default sliding window (4096) spans the tests' sequences: its pipe (PaddleFormers
+    # 1.2.0's GeneralModelForCausalLMPipe) builds no sliding-window rows, its single-process
+    # model does, so a shorter window would compare two different models
+    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, Gemma3ForCausalLMPipe, dict(head_dim=HIDDEN // 2)),
 }
+# models whose attention takes the start/end rows as [batch, heads, seq, bounds]
+FOUR_DIM_ROWS = {"gemma3"}
 
 
 def model_classes(config):
@@ -502,6 +521,8 @@ def main():
         cfg = CONFIGS[name]
         per_step = cfg["acc"] * cfg.get("dp", 1) * cfg.get("sharding", 1)
         dataset = Samples(per_step * STEPS, cfg.get("documents", (0, SEQ)))
+        if cfg.get("model") in FOUR_DIM_ROWS:
+            dataset.rows = dataset.rows[..., None]
         recomputed = pf_pp_model.recompute.calls
         trainer, pipe, mapping, losses, config = train(name, cfg, out_dir, dataset)
         recomputed = pf_pp_model.recompute.calls - recomputed
