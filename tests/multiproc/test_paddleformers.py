@@ -53,10 +53,10 @@ REL_BOUND = 1e-5
 LOSS_BOUND = 1e-6
 GRAD_BOUND = 1e-5
 # one launch per topology and strategy; configs that differ only in the plugin's own
-# pp_configs (zb, zbd, cs: set through enable() per config), or only in the model (ph, gm), share
+# pp_configs (zb, zbd, cs: set through enable() per config), or only in the model (ph, gm, go), share
 # their base's (zbv does not:
 # a second fleet.init in one process kept b's forward_backward_overlap_scheduler)
-LAUNCHES = {"a,zb,ph,gm": 2, "b": 2, "zbv": 2, "c,d,zbd,cs": 4, "f": 4, "g": 2, "h": 2, "i": 4, "e": 4, "j": 4, "k": 2, "l": 2, "m": 2,
+LAUNCHES = {"a,zb,ph,gm,go": 2, "b": 2, "zbv": 2, "c,d,zbd,cs": 4, "f": 4, "g": 2, "h": 2, "i": 4, "e": 4, "j": 4, "k": 2, "l": 2, "m": 2,
             "n,x": 2, "o,y": 2, "p": 4, "q": 2, "r": 4, "s": 2, "t": 2, "u": 2, "v": 2, "w": 2, "z": 2, "rc": 2}
 # Sharding stages 2 and 3, and stage 1 with split_param, keep the reduced gradients in
 # buffers of their own, not in the .grad a callback reads: for them the parameters are the check.
@@ -134,8 +134,8 @@ def test_trainer_parity(results, name):
         for r in per_rank.values():
             assert [r["model"], r["attn_implementation"], r["rope_fusion"]] == [
                 "Ernie4_5ForCausalLMPipe", "flashmask", True], r
-    if name in ("ph", "gm"):  # other model families on the same engine
-        want = {"ph": "Phi3ForCausalLMPipe", "gm": "Gemma3ForCausalLMPipe"}[name]
+    if name in ("ph", "gm", "go"):  # other model families on the same engine
+        want = {"ph": "Phi3ForCausalLMPipe", "gm": "Gemma3ForCausalLMPipe", "go": "GptOssForCausalLMPipe"}[name]
         assert all(r["model"] == want for r in per_rank.values()), per_rank[0]["model"]
     if name in ("h", "l"):  # PaddleFormers' flashmask attention, its module's name imported before enable()
         for r in per_rank.values():

@@ -52,6 +52,8 @@ CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
            instead of Llama (2 ranks, in a's launch)
         gm a with Gemma 3 (Gemma3ForCausalLMPipe: scaled embedding, tied head, q/k norms,
            sliding-window layers whose window spans the sequence) (2 ranks, in a's launch)
+        go a with GPT-OSS (GptOssForCausalLMPipe: a mixture of 4 experts, 2 per token, in every
+           layer) (2 ranks, in a's launch)
         rc a with full recompute of every decoder layer (recompute_granularity "full",
            method "uniform", one layer per unit: fleet's recompute in the pipe's layers)
            (2 ranks)
@@ -101,6 +103,9 @@ from paddleformers.transformers import (
     Gemma3ForCausalLM,
     Gemma3ForCausalLMPipe,
     Gemma3TextConfig,
+    GptOssConfig,
+    GptOssForCausalLM,
+    GptOssForCausalLMPipe,
     LlamaConfig,
     LlamaForCausalLM,
     LlamaForCausalLMPipe,
@@ -167,6 +172,7 @@ CONFIGS = {
     "rc": dict(acc=4, model_config=RECOMPUTE),
     "ph": dict(acc=4, model="phi3"),
     "gm": dict(acc=4, model="gemma3"),
+    "go": dict(acc=4, model="gptoss"),
     "zb": dict(acc=4, plugin_pp=dict(schedule_mode="ZBH1")),
     "zbv": dict(acc=5, vpp=2, plugin_pp=dict(schedule_mode="ZBVPP")),
     "zbd": dict(acc=4, dp=2, dp_comm_overlap=True, clip=CLIP, plugin_pp=dict(schedule_mode="ZBH1")),
@@ -194,13 +200,19 @@ MODELS = {
     "ernie4_5": (Ernie4_5Config, Ernie4_5ForCausalLM, Ernie4_5ForCausalLMPipe,
                  dict(head_dim=HIDDEN // 2, pp_seg_method="layer:DecoderLayer|EmptyLayer")),
     "phi3": (Phi3Config, Phi3ForCausalLM, Phi3ForCausalLMPipe, {}),
+    # a mixture of experts: 4 experts, 2 per token; full attention (its sliding layers would
+    # need the rows the pipe does not build, as Gemma 3's); the default pp_seg_method finds no
+    # layer to cut at, as ERNIE's
+    "gptoss": (GptOssConfig, GptOssForCausalLM, GptOssForCausalLMPipe,
+               dict(head_dim=HIDDEN // 2, num_experts=4, num_experts_per_tok=2, layer_types=["full_attention"] * LAYERS,
+                    pp_seg_method="layer:DecoderLayer|EmptyLayer")),
     # Gemma 3's default sliding window (4096) spans the tests' sequences: its pipe (PaddleFormers
     # 1.2.0's GeneralModelForCausalLMPipe) builds no sliding-window rows, its single-process
     # model does, so a shorter window would compare two different models
     "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, Gemma3ForCausalLMPipe, dict(head_dim=HIDDEN // 2)),
 }
 # models whose attention takes the start/end rows as [batch, heads, seq, bounds]
-FOUR_DIM_ROWS = {"gemma3"}
+FOUR_DIM_ROWS = {"gemma3", "gptoss"}
 
 
 def model_classes(config):
