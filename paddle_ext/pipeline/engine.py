@@ -98,6 +98,22 @@ class PipelineSettings:
                    grad_sync=GradSyncSettings.from_strategy(strategy))
 
 
+def broadcast_replicas(layers: Any, hcg: Any) -> None:
+    """Replicas start from the same parameters, as fleet's PipelineParallel makes them at
+    construction: over the model-parallel group (the parameters no rank splits), the sep
+    group, the sharding group, then the dp group."""
+    from paddle.distributed.fleet.utils import hybrid_parallel_util as util
+
+    if hcg.get_model_parallel_world_size() > 1:
+        util.broadcast_mp_parameters(layers, hcg)
+    if compat.sep_degree(hcg) > 1:
+        util.broadcast_sep_parameters(layers, hcg)
+    if hcg.get_sharding_parallel_world_size() > 1:
+        util.broadcast_sharding_parameters(layers, hcg)
+    if hcg.get_data_parallel_world_size() > 1:
+        util.broadcast_dp_parameters(layers, hcg)
+
+
 def mark_shared_weights_once(layers: Any) -> None:
     """pp_configs.count_shared_weights_once: marks each weight the PipelineLayer ties across
     stages `is_firstly_shared` on its first stage only, the attribute by which fleet's
@@ -184,6 +200,7 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         check_schedule_kind(settings, self.vpp, self.placement)
         self._split: Optional[WeightGradStore] = None  # zero-bubble: made with the first such schedule
         self.last_step: Optional[StepStats] = None
+        broadcast_replicas(layers, hcg)
         # dp / sharding gradient reduction, overlapped with the backward (pipeline/grad_sync.py)
         self._grad_sync = GradReducer.for_engine(layers, hcg, self.accumulate_steps,
                                                  settings.delay_scale_loss, settings.grad_sync)

@@ -35,7 +35,10 @@ What happens to a gradient, per step:
    owners, as it does without overlap. The wrapped optimizer's own dp/sharding
    reduction is switched off (`_dp_enable` / `_sharding_enable`, as fleet does for
    pp_configs.dp_comm_overlap / sharding_comm_overlap).
-6. Sharding with split_param (DygraphShardingOptimizerV2: each rank updates a slice of
+6. sep_degree > 1 (with dp or sharding): the engine reduces nothing and the optimizer
+   does, over its dp x sep group, as fleet's HybridParallelOptimizer does without
+   overlap (`deferred`); overlap is refused.
+7. Sharding with split_param (DygraphShardingOptimizerV2: each rank updates a slice of
    flat buffers, its gradients reduce-scattered into it), as in fleet's
    PipelineParallel. With the strategy's pp_configs.sharding_comm_overlap the optimizer
    builds no buffers and takes the pipeline's: the engine's buckets are then Paddle's
@@ -185,7 +188,7 @@ class GradReducer:
         self._records: dict[int, BucketRecord] = {}
         self.last: Optional[SyncStats] = None
         self.deferred = False  # this step's reduction left to the optimizer (_defers_to)
-        self._broadcast_parameters()
+        self.sep = compat.sep_degree(hcg)
         # Worker threads end before the interpreter finalizes (a daemon thread still in a
         # gloo wait during finalization aborted the process with SIGABRT).
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -195,10 +198,6 @@ class GradReducer:
                    settings: Optional[GradSyncSettings]) -> Optional[GradReducer]:
         """A reducer when there is a dp or sharding group to reduce over, else None."""
         settings = settings if settings is not None else GradSyncSettings()
-        if hcg.get_data_parallel_world_size() * hcg.get_sharding_parallel_world_size() > 1 and \
-                compat.sep_degree(hcg) > 1:
-            raise ValueError("sep_degree > 1 together with dp or sharding is not supported by paddle_ext's "
-                             "pipeline engine: the optimizer's dp+sep all-reduce would repeat its dp reduction")
         if hcg.get_data_parallel_world_size() * hcg.get_sharding_parallel_world_size() == 1:
             if settings.dp_overlap or settings.sharding_overlap:
                 which = "dp_comm_overlap" if settings.dp_overlap else "sharding_comm_overlap"
@@ -208,16 +207,6 @@ class GradReducer:
         return cls(layers, hcg, microbatches, delay_scale_loss, settings)
 
     # --- set-up -------------------------------------------------------------------
-    def _broadcast_parameters(self) -> None:
-        """Replicas start from the same parameters (fleet's PipelineParallel does this
-        at construction; sharding first, then dp, as upstream)."""
-        from paddle.distributed.fleet.utils import hybrid_parallel_util as util
-
-        if self.sharding > 1:
-            util.broadcast_sharding_parameters(self.layers, self.hcg)
-        if self.dp > 1:
-            util.broadcast_dp_parameters(self.layers, self.hcg)
-
     def _owner_of(self, optimizer: Any) -> Optional[Callable[[Any], int]]:
         if self.sharding == 1:
             return None
@@ -341,6 +330,16 @@ class GradReducer:
         reduces nothing (dp neither: the optimizer's dp all-reduce follows its sharding
         reduction) and leaves the optimizer's reduction switched on. Built with it, the
         optimizer takes the pipeline's buffers, and the engine reduces (item 6 above)."""
+        if self.sep > 1:
+            # fleet's optimizer all-reduces over the dp x sep group, scaled by 1 / dp only
+            # (each sep rank holds a part of every sequence): the engine's dp collectives
+            # would reduce dp twice. Overlap would need that group's semantics in the buckets.
+            if self.overlap:
+                raise GradSyncError(
+                    "pp_configs.dp_comm_overlap / sharding_comm_overlap with sep_degree > 1 is not supported by "
+                    "paddle_ext's pipeline gradient reduction: turn the overlap off (the optimizer then reduces "
+                    "over the dp x sep group, as in fleet)")
+            return True
         if self.sharding == 1:
             return False
         split = split_param_optimizer(optimizer)

@@ -91,6 +91,10 @@ VOCAB, SEQ, MBS, STEPS, PP = 32, 8, 2, 3, 2
 REF_BOUND = 1e-6
 
 
+# Adam; SGD where a gradient's scale is the check (Adam's update hardly sees a factor: g and
+# 2 g move a parameter alike but for epsilon)
+OPTIMIZER = [paddle.optimizer.Adam]
+
 MODEL = {"build": tiny_gpt.pipeline_model, "reference": tiny_gpt.Reference, "embedding": tiny_gpt.Embedding}
 
 
@@ -116,7 +120,7 @@ def run_engine(hcg, vpp, m, delay, overlap, bucket_kb, hidden, use_scaler, fb, p
     if main_grad:
         mix_precision_utils.MixPrecisionLayer(model, dtype="bfloat16")
     engine = PipelineEngine(model, hcg, PipelineSettings(m, MBS, delay_scale_loss=delay, grad_sync=sync, **extra))
-    opt = paddle.optimizer.Adam(1e-2, parameters=model.parameters())
+    opt = OPTIMIZER[0](1e-2, parameters=model.parameters())
     if main_grad:
         opt = mix_precision_utils.MixPrecisionOptimizer(opt)
     opt = fleet.distributed_optimizer(opt)
@@ -152,12 +156,13 @@ def shard_grads(ref, ids, labels, m, delay, scaler, tied=True):
     return grads, loss.numpy()
 
 
-def reference(vpp, m, delay, hidden, dp, sh, use_scaler, tied=True):
-    """Parameters after STEPS steps and per-step, per-shard losses."""
+def reference(vpp, m, delay, hidden, dp, sh, use_scaler, tied=True, sep=1):
+    """Parameters after STEPS steps and per-step, per-shard losses. sep: the sep ranks of a
+    shard see its data too, and fleet sums their gradients unscaled."""
     ref = MODEL["reference"](VOCAB, hidden, SEQ, blocks=PP * vpp)
-    opt = paddle.optimizer.Adam(1e-2, parameters=ref.parameters())
+    opt = OPTIMIZER[0](1e-2, parameters=ref.parameters())
     scaler = paddle.amp.GradScaler(init_loss_scaling=1024.0) if use_scaler else None
-    factor = 1.0 / (dp * sh) / (m if delay else 1)
+    factor = sep / (dp * sh) / (m if delay else 1)
     losses = []
     for step in range(STEPS):
         ids, labels = batch(step, dp * sh * m * MBS, SEQ, VOCAB)
@@ -340,6 +345,36 @@ def split_param_configs(hcg, configs, dp, sh, shard, use_scaler):
     print(f"rank {me}: all configs passed", flush=True)
 
 
+def sep_configs(hcg, configs, dp, sh, shard, use_scaler):
+    """`sep`: sep_degree 2 beside dp: the optimizer reduces over its dp x sep group (the
+    engine nothing), as fleet's; overlap is refused. SGD: a gradient reduced over dp twice,
+    or its sep copies not summed, would move the parameters by lr * g more or less."""
+    me, stage = dist.get_rank(), hcg.get_stage_id()
+    OPTIMIZER[0] = paddle.optimizer.SGD
+    for vpp, m, delay, bucket_kb, hidden, fb, p2p, _, zb, v in configs:
+        tag = f"sep=2 dp={dp} sharding={sh} vpp={vpp} M={m} delay_scale_loss={delay}"
+        engine, params, losses = run_engine(hcg, vpp, m, delay, False, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh,
+                                            zb, v)
+        assert engine._grad_sync.deferred, tag
+        ref, ref_losses = reference(vpp, m, delay, hidden, dp, sh, use_scaler, sep=2)
+        worst = max(float(np.max(np.abs(value.astype(np.float64) - ref_param(ref, key).numpy())))
+                    for key, value in params.items())
+        assert worst <= REF_BOUND, f"rank {me} {tag}: max abs diff {worst} to the reference > {REF_BOUND}"
+        if stage == PP - 1:
+            for step in range(STEPS):
+                got, want = losses[step].reshape([]), ref_losses[step][shard]
+                assert abs(float(got) - float(want)) <= REF_BOUND * abs(float(want)), (tag, step, got, want)
+        try:
+            run_engine(hcg, vpp, m, delay, True, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh, zb, v)
+        except grad_sync.GradSyncError as err:
+            assert "with sep_degree > 1 is not supported" in str(err), err
+        else:
+            raise AssertionError(f"rank {me} {tag}: overlap with sep was not refused")
+        print(f"rank {me}: {tag}: the optimizer reduced over dp x sep, max abs diff to reference {worst:.3g}; "
+              "overlap refused", flush=True)
+    print(f"rank {me}: all configs passed", flush=True)
+
+
 def main():
     dp, sh = int(sys.argv[1]), int(sys.argv[2])
     configs = []
@@ -355,11 +390,14 @@ def main():
                         "v" in opts))
     use_model(configs[0][7])
     split = "split" in flags
+    sep = 2 if "sep" in flags else 1
     paddle_ext.enable()  # first: the pp_configs string below is the plugin's to parse
     strategy = fleet.DistributedStrategy()
     words = "" if split else "enable_sharding_comm_overlap" if sh > 1 else "enable_dp_comm_overlap"
+    if sep > 1:
+        words = ""
     strategy.hybrid_configs = {"dp_degree": dp, "mp_degree": 1, "pp_degree": PP, "sharding_degree": sh,
-                               "pp_configs": words}
+                               "pp_configs": words, **({"sep_degree": sep} if sep > 1 else {})}
     if split:
         strategy.hybrid_configs["sharding_configs"].split_param = True  # as PaddleFormers sets it
     strategy.pipeline_configs = {"accumulate_steps": configs[0][1], "micro_batch_size": MBS}
@@ -370,6 +408,9 @@ def main():
     shard = hcg.get_data_parallel_rank() * sh + (hcg.get_sharding_parallel_rank() if sh > 1 else 0)
     if split:
         split_param_configs(hcg, configs, dp, sh, shard, use_scaler)
+        return
+    if sep > 1:
+        sep_configs(hcg, configs, dp, sh, shard, use_scaler)
         return
     check_fleet_path(hcg, configs[0][1], dp, sh, shard)
     for vpp, m, delay, bucket_kb, hidden, fb, p2p, overlap_model, zb, v in configs:
