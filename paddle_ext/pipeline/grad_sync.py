@@ -329,7 +329,8 @@ class GradReducer:
         scatters each gradient into flat buffers of its own at its step. Then the engine
         reduces nothing (dp neither: the optimizer's dp all-reduce follows its sharding
         reduction) and leaves the optimizer's reduction switched on. Built with it, the
-        optimizer takes the pipeline's buffers, and the engine reduces (item 6 above)."""
+        optimizer takes the pipeline's buffers, and the engine reduces (item 7 above). With
+        sep_degree > 1 the reduction is always the optimizer's (item 6)."""
         if self.sep > 1:
             # fleet's optimizer all-reduces over the dp x sep group, scaled by 1 / dp only
             # (each sep rank holds a part of every sequence): the engine's dp collectives
