@@ -275,6 +275,20 @@ def check_fleet_path(hcg, m, dp, sh, shard):
           flush=True)
 
 
+def within_reference(tag, params, losses, ref, ref_losses, stage, shard):
+    """Asserts this rank's parameters within REF_BOUND of the reference's and, on the last
+    stage, each step's loss within REF_BOUND relative of this shard's; returns the worst
+    parameter difference."""
+    worst = max(float(np.max(np.abs(value.astype(np.float64) - ref_param(ref, key).numpy())))
+                for key, value in params.items())
+    assert worst <= REF_BOUND, f"{tag}: max abs diff {worst} to the reference > {REF_BOUND}"
+    if stage == PP - 1:
+        for step in range(STEPS):
+            got, want = losses[step].reshape([]), ref_losses[step][shard]
+            assert abs(float(got) - float(want)) <= REF_BOUND * abs(float(want)), (tag, step, got, want)
+    return worst
+
+
 def strategy_sharding_overlap(on):
     """The live strategy's pp_configs.sharding_comm_overlap, which the split_param
     optimizer reads when it is built (with it, it takes the pipeline's buffers)."""
@@ -313,13 +327,7 @@ def split_param_configs(hcg, configs, dp, sh, shard, use_scaler):
                 v2 = grad_sync.split_param_optimizer(optimizers[0])
                 assert {id(b) for b in v2._comm_buffer_list} == {id(b.comm_buffer) for b in buckets}, (name, tag)
                 assert engine._grad_sync.last.overlap == overlap, (name, tag)
-            worst = max(float(np.max(np.abs(value.astype(np.float64) - ref_param(ref, key).numpy())))
-                        for key, value in params.items())
-            assert worst <= REF_BOUND, f"rank {me} {tag} ({name}): max abs diff {worst} to the reference > {REF_BOUND}"
-            if stage == PP - 1:
-                for step in range(STEPS):
-                    got, want = losses[step].reshape([]), ref_losses[step][shard]
-                    assert abs(float(got) - float(want)) <= REF_BOUND * abs(float(want)), (tag, name, step, got, want)
+            worst = within_reference(f"rank {me} {tag} ({name})", params, losses, ref, ref_losses, stage, shard)
             runs[name] = (params, worst)
             if overlap and (vpp > 1 or bucket_kb):
                 runs["timing"] = check_overlap(engine, stage, bool(bucket_kb), hidden >= 128)
@@ -357,13 +365,7 @@ def sep_configs(hcg, configs, dp, sh, shard, use_scaler):
                                             zb, v)
         assert engine._grad_sync.deferred, tag
         ref, ref_losses = reference(vpp, m, delay, hidden, dp, sh, use_scaler, sep=2)
-        worst = max(float(np.max(np.abs(value.astype(np.float64) - ref_param(ref, key).numpy())))
-                    for key, value in params.items())
-        assert worst <= REF_BOUND, f"rank {me} {tag}: max abs diff {worst} to the reference > {REF_BOUND}"
-        if stage == PP - 1:
-            for step in range(STEPS):
-                got, want = losses[step].reshape([]), ref_losses[step][shard]
-                assert abs(float(got) - float(want)) <= REF_BOUND * abs(float(want)), (tag, step, got, want)
+        worst = within_reference(f"rank {me} {tag}", params, losses, ref, ref_losses, stage, shard)
         try:
             run_engine(hcg, vpp, m, delay, True, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh, zb, v)
         except grad_sync.GradSyncError as err:
