@@ -49,6 +49,8 @@ def patched_attributes():
     owners += [(owner, "fused_rotary_position_embedding") for owner in fused_rotary.owners()]
     owners += [(flash_attention.owner(), name) for name in flash_attention.NAMES]
     owners += [(compat.pipeline_layer_class(), name) for name in ("get_schedule_chunk", "build_schedule_nodes")]
+    if compat.paddle_version() < NATIVE_FROM["shared_comm_sep"]:
+        owners += [(compat.pipeline_layer_class(), "_construct_shared_comm")]
     base = compat.process_group_classes()[0]
     owners += [(base, name) for name in ("all_reduce", "broadcast", "send", "recv", "barrier")]
     owners += [(compat.parallel_module(), "_set_default_store")]
@@ -83,7 +85,8 @@ def statuses():
 
 def test_series_file_lists_every_unit_with_its_upstream_pr():
     names = read_series()
-    assert names == ["gloo_calc_stream", "c_embedding_check", "parallel_cross_entropy", "pipeline_engine", "fused_rotary", "fb_overlap",
+    assert names == ["gloo_calc_stream", "c_embedding_check", "parallel_cross_entropy", "pipeline_engine", "shared_comm_sep",
+                     "fused_rotary", "fb_overlap",
                      "flash_attention", "comm_debug", "eager_connection", "device_synchronize",
                      "fused_rms_norm", "paddleformers_overlap", "host_checkpoint", "host_sharding"]
     for state in series().states:
@@ -162,6 +165,8 @@ def test_a_name_imported_before_enable_reaches_the_plugin_and_gets_paddles_back(
 OPTIONAL_PACKAGES = {"paddleformers_overlap": "paddleformers"}
 # Units for a part of Paddle some releases lack: skipped (with the reason) there.
 RELEASE_PARTS = {"host_checkpoint": "flex_checkpoint"}
+# Units whose change Paddle ships from a release on: reported native there, not applied.
+NATIVE_FROM = {"shared_comm_sep": (3, 1, 0)}
 
 
 def test_every_unit_applies_on_this_paddle():
@@ -174,6 +179,8 @@ def test_every_unit_applies_on_this_paddle():
             assert status.startswith("skipped (") and "not installed" in status, (unit, status)
         elif unit in RELEASE_PARTS and importlib.util.find_spec(f"paddle.distributed.{RELEASE_PARTS[unit]}") is None:
             assert status.startswith("skipped (") and RELEASE_PARTS[unit] in status, (unit, status)
+        elif unit in NATIVE_FROM and compat.paddle_version() >= NATIVE_FROM[unit]:
+            assert status.startswith("native upstream (Paddle ") and "ships it" in status, (unit, status)
         else:
             assert status == "applied", (unit, status)
 

@@ -15,7 +15,6 @@ import re
 
 import pytest
 
-from paddle_ext import compat
 from tests.multiproc.launch import launch
 
 pytestmark = pytest.mark.multiprocess
@@ -98,10 +97,6 @@ def test_pp2_dp2_with_grad_scaler_fb_overlap_scheduler_and_async_p2p():
     _check(result, 4, 2, marker="scaler=True fb=True p2p=True model=examples.overlap_gpt")
 
 
-@pytest.mark.skipif(compat.paddle_version() < (3, 0, 0),
-                    reason="Paddle 2.6.2's PipelineLayer._construct_shared_comm ignores the sep axis: sep ranks "
-                           "build the tied-weight groups with different members under one group id and gloo's "
-                           "connect is refused in PipelineLayer's constructor, without the plugin too")
 def test_pp2_dp2_sep2_leaves_the_reduction_to_the_optimizer():
     """sep_degree 2 beside dp 2 (8 processes): fleet's optimizer all-reduces over its dp x sep
     group, scaled by 1 / dp (each sep rank holds a part of every sequence); the engine
