@@ -10,7 +10,7 @@ The environment variable PADDLE_EXT_PATCHES ("name=off,other=on") overrides
 single units without touching code. Unknown keys and wrong types raise.
 
 The section "pp_configs" gives the plugin's own pp_configs keys (PLUGIN_PP_CONFIG_DEFAULTS:
-the schedule, its W cap, count_shared_weights_once) for every strategy of the process, as
+the schedule, its W cap, count_shared_weights_once, early_comm_buffers) for every strategy of the process, as
 PADDLE_EXT_PP_CONFIGS ("schedule_mode=ZBH1,zb_max_pending_w=2") does, the environment
 winning. It is how a trainer that builds its strategy itself (PaddleFormers' Trainer) gets
 them; a key the strategy itself sets wins over both.
@@ -130,10 +130,19 @@ PP_CONFIG_DEFAULTS: dict[str, Any] = {
 # copies `is_firstly_shared` only where a parameter's name equals the weight attribute's,
 # which generated names never do), so pipelines clip harder than one process; off by
 # default: with it the clipped gradients are no longer Paddle's.
+# early_comm_buffers: under sharding_comm_overlap with split_param, the engine hands its
+# sharding buckets (Paddle's FusedCommBuffers) to DygraphShardingOptimizerV2 when the optimizer
+# is first shown to it (register_sharding_comm_overlap_hook), not at the optimizer's first
+# step, and PaddleFormers' Trainer shows it the optimizer right after wrapping it for every
+# checkpoint format (its own code does so for unified_checkpoint only). A FlexCheckpoint
+# (PaddleFormers' default format) loaded before the first step then restores the optimizer's
+# states, which V2 otherwise cannot name yet (resume silently restarts AdamW's moments; fleet
+# the same by its code). Off by default: it changes what a resumed run computes.
 PLUGIN_PP_CONFIG_DEFAULTS: dict[str, Any] = {
     "schedule_mode": "",
     "zb_max_pending_w": 0,
     "count_shared_weights_once": False,
+    "early_comm_buffers": False,
 }
 
 # the plugin's pp_configs keys for every strategy of the process (configure_pp_configs)
@@ -240,9 +249,9 @@ def _check_plugin_pp_configs(values: Mapping[str, Any], where: str) -> None:
     if not isinstance(cap, int) or isinstance(cap, bool) or cap < 0:
         raise ValueError(f"{where}['zb_max_pending_w'] = {cap!r} is not allowed: must be an integer >= 0 "
                          "(0: no cap)")
-    once = values.get("count_shared_weights_once", False)
-    if not isinstance(once, bool):
-        raise TypeError(f"{where}['count_shared_weights_once'] must be True or False, got {once!r}")
+    for key, default in PLUGIN_PP_CONFIG_DEFAULTS.items():
+        if isinstance(default, bool) and not isinstance(values.get(key, default), bool):
+            raise TypeError(f"{where}[{key!r}] must be True or False, got {values[key]!r}")
 
 
 def _parse_pp_env(text: str) -> dict[str, Any]:

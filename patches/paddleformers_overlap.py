@@ -12,9 +12,16 @@ TrainingArguments is set up with the flag off (nothing else in its set-up reads 
 the flag goes back on afterwards, in the arguments (the Trainer then leaves the dp
 reduction to the engine) and in the fleet strategy's pp_configs (the engine overlaps).
 
+With the plugin's opt-in pp_configs key `early_comm_buffers` (paddle_ext.config), the
+Trainer also shows the engine its optimizer right after wrapping it
+(`register_sharding_comm_overlap_hook`), for every checkpoint format: PaddleFormers does so
+itself for unified_checkpoint only (after PaddleNLP #9392), and a FlexCheckpoint, its
+default format, loaded before the first step otherwise restores no optimizer state under
+pp sharding overlap with split_param (pipeline/grad_sync.py: GradReducer.prepare).
+
 PaddleFormers is imported by the user, maybe after paddle_ext: the unit patches
-`paddleformers.trainer.training_args` when that module is loaded (an import hook), or at
-once when it already is.
+`paddleformers.trainer.training_args` and `paddleformers.trainer.trainer` when each is
+loaded (an import hook), or at once when it already is.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from typing import Any
 from paddle_ext import compat
 from paddle_ext.patches._unit import Patcher, PatchUnit
 
-MODULE = "paddleformers.trainer.training_args"
+ARGS_MODULE = "paddleformers.trainer.training_args"
+TRAINER_MODULE = "paddleformers.trainer.trainer"
 REFUSAL = "overlap has accuracy issue"
 
 
@@ -58,20 +66,53 @@ def _lifted_post_init(original):
     return __post_init__
 
 
-def _patch_module(patcher: Patcher, module: Any) -> None:
+def _shows_optimizer_early(engine: Any) -> bool:
+    """Whether the wrapped model is paddle_ext's engine overlapping the sharding reduction
+    under the early_comm_buffers key."""
+    from paddle_ext.pipeline.engine import PipelineEngine
+
+    sync = getattr(engine, "_grad_sync", None)
+    return (isinstance(engine, PipelineEngine) and sync is not None and sync.settings.early_comm_buffers
+            and engine._sharding_comm_overlap)
+
+
+def _registering_wrap_model(original):
+    @functools.wraps(original)
+    def _wrap_model(self, model, *args, **kwargs):
+        wrapped = original(self, model, *args, **kwargs)
+        if getattr(self, "optimizer", None) is not None and _shows_optimizer_early(wrapped):
+            wrapped.register_sharding_comm_overlap_hook(self.optimizer)
+        return wrapped
+
+    _wrap_model.__paddle_ext_unit__ = "paddleformers_overlap"
+    return _wrap_model
+
+
+def _patch_training_args(patcher: Patcher, module: Any) -> None:
     cls = module.TrainingArguments
     patcher.swap(cls, "__post_init__", _lifted_post_init(vars(cls)["__post_init__"]))
 
 
+def _patch_trainer(patcher: Patcher, module: Any) -> None:
+    cls = module.Trainer
+    patcher.swap(cls, "_wrap_model", _registering_wrap_model(vars(cls)["_wrap_model"]))
+
+
+# module -> (its patch, the patched attribute that carries the unit's mark)
+MODULES = {ARGS_MODULE: (_patch_training_args, lambda m: m.TrainingArguments.__post_init__),
+           TRAINER_MODULE: (_patch_trainer, lambda m: m.Trainer._wrap_model)}
+
+
 class _Hook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Patches the module right after it is executed, once. `active` is set through the
+    """Patches one module right after it is executed, once. `active` is set through the
     unit's patcher: after the unit is reverted the hook is inert (and leaves
     sys.meta_path at its next call)."""
 
     active = False
 
-    def __init__(self, patcher: Patcher) -> None:
+    def __init__(self, patcher: Patcher, module: str) -> None:
         self.patcher = patcher
+        self.module = module
         self._loader: Any = None
 
     def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
@@ -79,7 +120,7 @@ class _Hook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             if self in sys.meta_path:
                 sys.meta_path.remove(self)
             return None
-        if fullname != MODULE:
+        if fullname != self.module:
             return None
         sys.meta_path.remove(self)  # find the real spec, and hook only once
         spec = importlib.util.find_spec(fullname)
@@ -94,24 +135,29 @@ class _Hook(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
     def exec_module(self, module: Any) -> None:
         self._loader.exec_module(module)
-        _patch_module(self.patcher, module)
+        MODULES[self.module][0](self.patcher, module)
 
 
 def _apply(patcher: Patcher) -> None:
-    module = sys.modules.get(MODULE)
-    if module is not None:
-        _patch_module(patcher, module)
-        return
-    hook = _Hook(patcher)
-    patcher.swap(hook, "active", True)
-    sys.meta_path.insert(0, hook)
+    for name, (patch, _) in MODULES.items():
+        module = sys.modules.get(name)
+        if module is not None:
+            patch(patcher, module)
+            continue
+        hook = _Hook(patcher, name)
+        patcher.swap(hook, "active", True)
+        sys.meta_path.insert(0, hook)
 
 
 def _verify() -> bool:
-    module = sys.modules.get(MODULE)
-    if module is None:
-        return any(isinstance(f, _Hook) and f.active for f in sys.meta_path)
-    return getattr(module.TrainingArguments.__post_init__, "__paddle_ext_unit__", None) == "paddleformers_overlap"
+    for name, (_, patched) in MODULES.items():
+        module = sys.modules.get(name)
+        if module is None:
+            if not any(isinstance(f, _Hook) and f.active and f.module == name for f in sys.meta_path):
+                return False
+        elif getattr(patched(module), "__paddle_ext_unit__", None) != "paddleformers_overlap":
+            return False
+    return True
 
 
 def _unavailable() -> str | None:
@@ -126,7 +172,8 @@ UNIT = PatchUnit(
     name="paddleformers_overlap",
     upstream=(55651, 56096),
     title="Support dp/sharding overlap in virtual pp (PaddleFormers' Trainer)",
-    summary="PaddleFormers' TrainingArguments accept dp_comm_overlap with pp when paddle_ext's engine serves the model",
+    summary="PaddleFormers' TrainingArguments accept dp_comm_overlap with pp when paddle_ext's engine serves the model; "
+            "with early_comm_buffers its Trainer hands the optimizer to the engine before loading a checkpoint",
     apply=_apply,
     verify=_verify,
     unavailable=_unavailable,

@@ -1,6 +1,7 @@
 """Unit paddleformers_overlap: PaddleFormers' refusal of dp_comm_overlap with pipeline
-parallelism is lifted only while paddle_ext's engine serves fleet's models, and the unit
-patches PaddleFormers whether it is imported before or after enable()."""
+parallelism is lifted only while paddle_ext's engine serves fleet's models, the Trainer's
+_wrap_model is wrapped (early_comm_buffers), and the unit patches PaddleFormers whether it
+is imported before or after enable()."""
 
 import importlib
 import sys
@@ -27,21 +28,23 @@ def test_skipped_without_paddleformers(monkeypatch):
     assert unit._unavailable() == "PaddleFormers is not installed"
 
 
-def test_patches_training_arguments_on_import_and_restores_it():
+@pytest.mark.parametrize("module, cls_name, attr", [(unit.ARGS_MODULE, "TrainingArguments", "__post_init__"),
+                                                     (unit.TRAINER_MODULE, "Trainer", "_wrap_model")])
+def test_patches_paddleformers_on_import_and_restores_it(module, cls_name, attr):
     pytest.importorskip("paddleformers", reason="PaddleFormers is not installed")
-    if unit.MODULE in sys.modules:  # imported already: patched at once
-        cls = sys.modules[unit.MODULE].TrainingArguments
-        original = vars(cls)["__post_init__"]
+    if module in sys.modules:  # imported already: patched at once
+        cls = getattr(sys.modules[module], cls_name)
+        original = vars(cls)[attr]
         paddle_ext.enable()
     else:  # patched by the import hook when the module loads
         paddle_ext.enable()
         assert _status() == "applied"
-        assert any(isinstance(f, unit._Hook) and f.active for f in sys.meta_path)
-        cls = importlib.import_module(unit.MODULE).TrainingArguments
-        original = vars(cls)["__post_init__"].__wrapped__
-    assert getattr(cls.__post_init__, "__paddle_ext_unit__", None) == "paddleformers_overlap"
+        assert any(isinstance(f, unit._Hook) and f.active and f.module == module for f in sys.meta_path)
+        cls = getattr(importlib.import_module(module), cls_name)
+        original = vars(cls)[attr].__wrapped__
+    assert getattr(getattr(cls, attr), "__paddle_ext_unit__", None) == "paddleformers_overlap"
     paddle_ext.disable()
-    assert vars(cls)["__post_init__"] is original
+    assert vars(cls)[attr] is original
     assert not any(isinstance(f, unit._Hook) and f.active for f in sys.meta_path)
 
 

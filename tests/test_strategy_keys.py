@@ -169,10 +169,12 @@ def test_plugin_keys_for_the_process_through_enable_and_the_environment(monkeypa
     assert PipelineSettings.from_strategy(plain).kind == "zb-h1"
     assert PipelineSettings.from_strategy(plain).count_shared_weights_once is True
     assert PipelineSettings.from_strategy(strategy_with({"schedule_mode": "1F1B"})).kind == "1f1b"
-    monkeypatch.setenv(ENV_PP_CONFIGS, "zb_max_pending_w=2, count_shared_weights_once=off")
+    assert PipelineSettings.from_strategy(plain).grad_sync.early_comm_buffers is False
+    monkeypatch.setenv(ENV_PP_CONFIGS, "zb_max_pending_w=2, count_shared_weights_once=off, early_comm_buffers=on")
     paddle_ext.enable({"paddle_ext": {"pp_configs": {"schedule_mode": "ZBH1", "count_shared_weights_once": True}}})
     settings = PipelineSettings.from_strategy(strategy_with({}))
     assert (settings.kind, settings.count_shared_weights_once) == ("zb-h1-w2", False)
+    assert settings.grad_sync.early_comm_buffers is True
     monkeypatch.delenv(ENV_PP_CONFIGS)
     paddle_ext.enable()  # no section: back to the defaults
     assert PipelineSettings.from_strategy(strategy_with({})).kind is None
@@ -182,6 +184,8 @@ def test_plugin_keys_for_the_process_through_enable_and_the_environment(monkeypa
         paddle_ext.enable({"paddle_ext": {"pp_configs": {"schedule_mode": "ZB"}}})
     with pytest.raises(TypeError, match=r"\['count_shared_weights_once'\] must be True or False, got 1"):
         paddle_ext.enable({"paddle_ext": {"pp_configs": {"count_shared_weights_once": 1}}})
+    with pytest.raises(TypeError, match=r"\['early_comm_buffers'\] must be True or False, got 'yes'"):
+        paddle_ext.enable({"paddle_ext": {"pp_configs": {"early_comm_buffers": "yes"}}})
     monkeypatch.setenv(ENV_PP_CONFIGS, "zb_max_pending_w=two")
     with pytest.raises(ValueError, match=r"PADDLE_EXT_PP_CONFIGS: zb_max_pending_w = 'two' is not an integer"):
         paddle_ext.enable()

@@ -98,13 +98,15 @@ class GradSyncSettings:
     bucket_mb: bucket size in MiB (env PADDLE_EXT_GRAD_BUCKET_MB, default 128 like
     upstream); early_launch: launch buckets inside a chunk's last backward (else at
     its GradSync point); timing_events: GPU only, default (timing) events instead of
-    timing-free ones, for comparisons."""
+    timing-free ones, for comparisons; early_comm_buffers: the plugin's opt-in
+pp_configs key (paddle_ext.config), see GradReducer.prepare."""
 
     dp_overlap: bool = False
     sharding_overlap: bool = False
     bucket_mb: float = field(default_factory=_env_bucket_mb)
     early_launch: bool = True
     timing_events: bool = False
+    early_comm_buffers: bool = False
 
     def __post_init__(self) -> None:
         if not self.bucket_mb > 0:
@@ -115,7 +117,8 @@ class GradSyncSettings:
         from paddle_ext.config import pp_config
 
         return cls(dp_overlap=bool(pp_config(strategy, "dp_comm_overlap")),
-                   sharding_overlap=bool(pp_config(strategy, "sharding_comm_overlap")))
+                   sharding_overlap=bool(pp_config(strategy, "sharding_comm_overlap")),
+                   early_comm_buffers=bool(pp_config(strategy, "early_comm_buffers")))
 
     @property
     def bucket_bytes(self) -> int:
@@ -290,11 +293,20 @@ class GradReducer:
     def prepare(self, optimizer: Any, actions: Sequence[Any]) -> None:
         """Builds the buckets (once; they need the optimizer for sharding owners):
         `actions` is this rank's lowered schedule (its GS<c> order is the order of the
-        chunks' buckets). Nothing when the optimizer reduces (_defers_to)."""
+        chunks' buckets). Nothing when the optimizer reduces (_defers_to).
+
+        Under settings.early_comm_buffers a split_param optimizer (DygraphShardingOptimizerV2
+        under pp_configs.sharding_comm_overlap) takes the buckets' FusedCommBuffers now. By
+        itself it collects them at its first step, so before that its sharded_state_dict
+        names no optimizer state and a FlexCheckpoint loaded then restores none."""
         if self.buckets is None and not self._defers_to(optimizer):
             from paddle_ext.pipeline.schedule.ir import GradSync
 
             self._build(optimizer, [a.chunk for a in actions if isinstance(a, GradSync)])
+        split = split_param_optimizer(optimizer)
+        if (self.settings.early_comm_buffers and self.buckets is not None and split is not None
+                and getattr(split, "pp_overlap", False)):
+            split._collect_comm_buffers()
 
     def begin_step(self, optimizer: Any, actions: Sequence[Any], microbatches: Optional[int] = None,
                    scale_accumulation: Optional[bool] = None) -> None:

@@ -57,12 +57,12 @@ GRAD_BOUND = 1e-5
 # their base's (zbv does not:
 # a second fleet.init in one process kept b's forward_backward_overlap_scheduler)
 LAUNCHES = {"a,zb,ph,gm,go": 2, "b": 2, "zbv": 2, "c,d,zbd,cs": 4, "f": 4, "g": 2, "h": 2, "i": 4, "e": 4, "j": 4, "k": 2, "l": 2, "m": 2,
-            "n,x": 2, "o,y": 2, "p": 4, "q": 2, "r": 4, "s": 2, "t": 2, "u": 2, "v": 2, "w": 2, "z": 2, "rc": 2}
+            "n,x": 2, "o,y": 2, "p": 4, "q": 2, "r,re": 4, "s": 2, "t": 2, "u": 2, "v": 2, "w": 2, "z": 2, "rc": 2}
 # Sharding stages 2 and 3, and stage 1 with split_param, keep the reduced gradients in
 # buffers of their own, not in the .grad a callback reads: for them the parameters are the check.
 # sharding stage 1 without pipeline parallelism: fleet's ShardingParallel wrapper
 STAGE1_WITHOUT_PP = ("q", "s", "t", "u", "v", "w", "z")
-NO_GRADIENT_VIEW = {"n", "o", "p", "q", "r", "v", "w", "x", "y", "z"}
+NO_GRADIENT_VIEW = {"n", "o", "p", "q", "r", "re", "v", "w", "x", "y", "z"}
 
 
 def of(results, name: str) -> dict:
@@ -196,6 +196,7 @@ STAGE1_SWITCHES = {
     "w": ("q", "DygraphShardingOptimizerV2", {"_all_gather_overlap_forward"}),
     "z": ("q", "DygraphShardingOptimizerV2", {"sd_release_grads", "enable_fuse_optimizer_states"}),
     "r": ("p", "DygraphShardingOptimizerV2", {"pp_overlap", "sd_release_grads", "enable_fuse_optimizer_states"}),
+    "re": ("p", "DygraphShardingOptimizerV2", {"pp_overlap", "sd_release_grads", "enable_fuse_optimizer_states"}),
 }
 
 
@@ -277,12 +278,25 @@ def test_every_pipeline_switch_leaves_the_numbers_alone(results):
         assert k[rank]["digest"] == a[rank]["digest"], f"rank {rank}: the switches changed the parameters"
 
 
-@pytest.mark.parametrize("name", ["a", "f", "m", "p"])
+def test_resume_under_split_param_sharding_overlap_needs_early_comm_buffers(results):
+    """r resumes from PaddleFormers' default FlexCheckpoint with the optimizer's states lost:
+    DygraphShardingOptimizerV2 under pp sharding overlap takes the pipeline's buffers at its
+    first step, after the Trainer loaded the checkpoint (PaddleFormers' behaviour, kept with
+    the plugin's key off: fleet's code does the same). re, with the opt-in early_comm_buffers,
+    resumes bit for bit (test_evaluate_and_resume) and trains as r does."""
+    r, re = of(results, "r"), of(results, "re")
+    for rank in r:
+        assert r[rank]["resume_max_abs_diff"] > 1e-3, (rank, r[rank]["resume_max_abs_diff"])
+        assert re[rank]["digest"] == r[rank]["digest"] and re[rank]["losses"] == r[rank]["losses"], rank
+
+
+@pytest.mark.parametrize("name", ["a", "f", "m", "p", "re"])
 def test_evaluate_and_resume(results, name):
     """f and m resume under tensor parallelism (f with pipeline parallelism and clipping):
     Paddle's FlexCheckpoint loader exchanges the slices between ranks, staged on the host
     by the host_checkpoint unit; p under sharding with split_param (the optimizer's states
-    held in slices of its flat buffers)."""
+    held in slices of its flat buffers); re with pp sharding overlap besides (its buffers
+    the pipeline's, handed over early: early_comm_buffers)."""
     for rank, r in of(results, name).items():
         assert abs(r["eval_loss"] - r["ref_eval_loss"]) <= LOSS_BOUND * r["ref_eval_loss"], (rank, r["eval_loss"])
         assert r["resume_max_abs_diff"] == 0.0, f"rank {rank}: resumed run differs by {r['resume_max_abs_diff']}"

@@ -178,8 +178,13 @@ CONFIGS = {
     "zbd": dict(acc=4, dp=2, dp_comm_overlap=True, clip=CLIP, plugin_pp=dict(schedule_mode="ZBH1")),
     "cs": dict(acc=4, dp=2, clip=CLIP, plugin_pp=dict(count_shared_weights_once=True)),
     "q": dict(acc=4, sharding=2, pp=1, split_param=True),
-    "r": dict(acc=4, sharding=2, split_param=True, sharding_overlap=True,
+    "r": dict(acc=4, sharding=2, split_param=True, sharding_overlap=True, eval_resume=True,
               switches=dict(pp_release_grads=True, sd_release_grads=True, fuse_optimizer_states=True)),
+    # r with the plugin's opt-in early_comm_buffers: the optimizer holds the pipeline's
+    # buffers before the checkpoint is loaded, so the resume restores its states
+    "re": dict(acc=4, sharding=2, split_param=True, sharding_overlap=True, eval_resume=True,
+               switches=dict(pp_release_grads=True, sd_release_grads=True, fuse_optimizer_states=True),
+               plugin_pp=dict(early_comm_buffers=True)),
     "s": dict(acc=4, sharding=2, pp=1),
     "t": dict(acc=4, sharding=2, pp=1, switches=dict(stage1_tensor_fusion=True, stage1_overlap=True)),
     "u": dict(acc=4, sharding=2, pp=1, switches=dict(stage1_broadcast_overlap=True)),
