@@ -56,7 +56,8 @@ def test_pp2_sharding2_split_param_reduced_by_the_optimizer_or_reduce_scattered_
     default), as in fleet's PipelineParallel: built without pp_configs.sharding_comm_overlap
     the optimizer reduces its own buffers and the engine nothing; built with it, the
     optimizer takes the engine's buckets (Paddle's FusedCommBuffers), which the engine
-    reduce-scatters, overlap on == off bitwise, handed over during the backward (small
+    reduce-scatters, overlap on == off bitwise (and == the buffers handed to the optimizer
+    before the first step: early_comm_buffers), handed over during the backward (small
     buckets; zero bubble, 1F1B and VPP: no bucket holding a Linear weight before its chunk's
     last W). Both match the reference; engine overlap with an optimizer that reduces its
     own buffers is refused with a message."""
@@ -67,7 +68,7 @@ def test_pp2_sharding2_split_param_reduced_by_the_optimizer_or_reduce_scattered_
         log = result.logs[rank]
         assert f"rank {rank}: all configs passed" in log, result.describe()
         found = re.findall(rf"rank {rank}: split_param dp=1 sharding=2 .*: the engine reduce-scattered, on == off "
-                           r"bitwise, max abs diff to reference (\S+); the optimizer reduced, max abs diff to "
+                           r"== early buffers bitwise, max abs diff to reference (\S+); the optimizer reduced, max abs diff to "
                            r"reference (\S+), bitwise equal to the engine's; overlap without the optimizer's "
                            r"consent refused", log)
         assert len(found) == 5 and all(float(x) <= 1e-6 and float(y) <= 1e-6 for x, y in found), result.describe()
@@ -83,7 +84,7 @@ def test_pp2_sharding2_dp2_split_param_reduce_scattered_then_all_reduced_by_the_
         log = result.logs[rank]
         assert f"rank {rank}: all configs passed" in log, result.describe()
         found = re.findall(rf"rank {rank}: split_param dp=2 sharding=2 .*: the engine reduce-scattered, on == off "
-                           r"bitwise, max abs diff to reference (\S+);", log)
+                           r"== early buffers bitwise, max abs diff to reference (\S+);", log)
         assert len(found) == 1 and float(found[0]) <= 1e-6, result.describe()
 
 

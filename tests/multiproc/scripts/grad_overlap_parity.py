@@ -99,10 +99,12 @@ MODEL = {"build": tiny_gpt.pipeline_model, "reference": tiny_gpt.Reference, "emb
 
 
 def run_engine(hcg, vpp, m, delay, overlap, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh, zb=False, v=False,
-               optimizers=None, main_grad=False):
+               optimizers=None, main_grad=False, early=False):
     """optimizers: a list that gets the optimizer the engine stepped; main_grad: float32
     main_grads through fleet's MixPrecisionLayer / MixPrecisionOptimizer (PaddleFormers'
-    amp_master_grad)."""
+    amp_master_grad); early: pp_configs.early_comm_buffers, the optimizer shown to the engine
+    (register_sharding_comm_overlap_hook) before the first step, which must leave a split_param
+    optimizer holding the engine's buffers then."""
     paddle.seed(0)
     if v and MODEL["build"] is overlap_gpt.overlap_model:
         model = overlap_gpt.overlap_model(VOCAB, hidden, SEQ, blocks=PP * vpp, pp=PP, use_dualpipev=True)
@@ -111,7 +113,7 @@ def run_engine(hcg, vpp, m, delay, overlap, bucket_kb, hidden, use_scaler, fb, p
     else:
         model = MODEL["build"](VOCAB, hidden, SEQ, blocks=PP * vpp, pp=PP, vpp=vpp)
     sync = GradSyncSettings(dp_overlap=overlap and dp > 1, sharding_overlap=overlap and sh > 1,
-                            bucket_mb=(bucket_kb / 1024.0) if bucket_kb else 128.0)
+                            bucket_mb=(bucket_kb / 1024.0) if bucket_kb else 128.0, early_comm_buffers=early)
     extra = {k: True for k, on in (("fb_overlap", fb), ("overlap_p2p", p2p)) if on}  # issue 4's settings
     if v:
         extra["kind"] = "zb-v" if zb else "dualpipev"
@@ -126,6 +128,10 @@ def run_engine(hcg, vpp, m, delay, overlap, bucket_kb, hidden, use_scaler, fb, p
     opt = fleet.distributed_optimizer(opt)
     if optimizers is not None:
         optimizers.append(opt)
+    if early:
+        engine.register_sharding_comm_overlap_hook(opt)
+        held = {id(b) for b in grad_sync.split_param_optimizer(opt)._comm_buffer_list}
+        assert held and held == {id(b.comm_buffer) for b in engine._grad_sync.buckets}, "buffers not handed over early"
     scaler = fleet.distributed_scaler(paddle.amp.GradScaler(init_loss_scaling=1024.0)) if use_scaler else None
     shard = hcg.get_data_parallel_rank() * sh + (hcg.get_sharding_parallel_rank() if sh > 1 else 0)
     losses = []
@@ -309,14 +315,16 @@ def split_param_configs(hcg, configs, dp, sh, shard, use_scaler):
         # dp all-reduce (HybridParallelOptimizer all-reduces the V2 slices that are
         # initialized, and V2 initializes them in its step, after that), also without
         # any pipeline: it is not compared with the reference there
-        paths = [("engine", True, False), ("engine overlapped", True, True)]
+        # "early": early_comm_buffers, the buffers handed to the optimizer before the first step
+        paths = [("engine", True, False, False), ("engine overlapped", True, True, False),
+                 ("engine overlapped early", True, True, True)]
         if dp == 1:
-            paths.insert(0, ("optimizer", False, False))
-        for name, pp_overlap, overlap in paths:
+            paths.insert(0, ("optimizer", False, False, False))
+        for name, pp_overlap, overlap, early in paths:
             strategy_sharding_overlap(pp_overlap)
             optimizers = []
             engine, params, losses = run_engine(hcg, vpp, m, delay, overlap, bucket_kb, hidden, use_scaler, fb, p2p,
-                                                dp, sh, zb, v, optimizers, main_grad=True)
+                                                dp, sh, zb, v, optimizers, main_grad=True, early=early)
             opt_types = [type(o).__name__ for o in grad_sync._chain(optimizers[0])]
             assert "DygraphShardingOptimizerV2" in opt_types, (opt_types, tag)
             assert engine._grad_sync.deferred == (not pp_overlap), (name, tag)
@@ -332,8 +340,10 @@ def split_param_configs(hcg, configs, dp, sh, shard, use_scaler):
             if overlap and (vpp > 1 or bucket_kb):
                 runs["timing"] = check_overlap(engine, stage, bool(bucket_kb), hidden >= 128)
         for key, value in runs["engine"][0].items():
-            assert np.array_equal(value, runs["engine overlapped"][0][key]), (
-                f"rank {me} {tag}: param {key} differs between the engine's reduce-scatter with overlap off and on")
+            for other in ("engine overlapped", "engine overlapped early"):
+                assert np.array_equal(value, runs[other][0][key]), (
+                    f"rank {me} {tag}: param {key} differs between the engine's reduce-scatter with overlap off "
+                    f"and {other}")
         if "optimizer" in runs:
             same = all(np.array_equal(value, runs["optimizer"][0][key]) for key, value in runs["engine"][0].items())
             optimizer_note = (f"the optimizer reduced, max abs diff to reference {runs['optimizer'][1]:.3g}, "
@@ -347,7 +357,8 @@ def split_param_configs(hcg, configs, dp, sh, shard, use_scaler):
             assert "built without the strategy's pp_configs.sharding_comm_overlap" in str(err), err
         else:
             raise AssertionError(f"rank {me} {tag}: overlap with an optimizer reducing its own buffers was not refused")
-        print(f"rank {me}: {tag}: the engine reduce-scattered, on == off bitwise, max abs diff to reference "
+        print(f"rank {me}: {tag}: the engine reduce-scattered, on == off == early buffers bitwise, max abs diff to "
+              f"reference "
               f"{runs['engine'][1]:.3g}; {optimizer_note}; overlap without the optimizer's consent refused"
               f"{'; ' + runs['timing'] if 'timing' in runs else ''}", flush=True)
     print(f"rank {me}: all configs passed", flush=True)
