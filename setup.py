@@ -33,6 +33,7 @@ compiled against the Paddle you run. Install one first, then paddle-ext:
     pip install paddlepaddle==3.3.1                     # CPU
     pip install paddlepaddle-gpu==3.3.1                 # CUDA (see paddlepaddle.org.cn)
     pip install paddlepaddle==2.6.2 "protobuf<5"        # Paddle 2.6
+    pip install paddlepaddle==3.0.0 "protobuf<7"        # Paddle 3.0 - 3.2
     pip install .                                      # then this package
 
 (looked for `import paddle` with {python})
@@ -83,6 +84,14 @@ def paddle_info() -> tuple[dict, dict[str, str]]:
     return found
 
 
+def _requirements():
+    """paddle_ext/_requirements.py, loaded without importing the package (it needs Paddle)."""
+    import runpy
+    import types
+
+    return types.SimpleNamespace(**runpy.run_path(os.path.join(ROOT, "paddle_ext", "_requirements.py")))
+
+
 def install_requires() -> list[str]:
     deps = ["numpy"]
     if os.environ.get("PADDLE_EXT_SKIP_PADDLE_PROBE") == "1":
@@ -90,12 +99,7 @@ def install_requires() -> list[str]:
     found = paddle_probe()
     if found is None:  # an sdist needs no Paddle; a build stops in BuildNative.run
         return deps
-    if found[0]["version"].startswith("2."):
-        # Paddle 2.6's DistributedStrategy breaks with protobuf >= 5, and with numpy 2
-        # a rank that raises inside a pipeline step segfaults (in zlib's inflateReset2)
-        # instead of reporting its error: both measured here with 2.6.2.
-        deps += ["protobuf>=3.20,<5", "numpy<2"]
-    return deps
+    return deps + _requirements().install_requirements(found[0]["version"])
 
 
 def _which(tool: str) -> str:

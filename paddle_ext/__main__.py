@@ -36,6 +36,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     supported = "supported" if compat.is_supported() else "NOT a supported release (2.6.2, 3.0-3.3.x)"
     print(f"Paddle {paddle.__version__} ({compat.device_build()} build, commit "
           f"{getattr(paddle.version, 'commit', '?')[:12]}): {supported}")
+    problems = compat.dependency_problems()
+    print("dependencies: " + ("; ".join(f"BROKEN: {p}" for p in problems) if problems else "ok"))
     try:
         from paddle_ext import _C
 
@@ -59,7 +61,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     print("\n".join(cpu_math.report()))
     print()
     print(_patches_text())
-    return 0
+    return 1 if problems else 0
 
 
 def build_parser() -> argparse.ArgumentParser:

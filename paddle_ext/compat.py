@@ -32,6 +32,22 @@ def version_string() -> str:
     return paddle.__version__
 
 
+def dependency_problems() -> list[str]:
+    """What the installed packages break in this Paddle release (paddle_ext._requirements:
+    the pins setup.py sets at install, which a later pip install can lift)."""
+    from importlib import metadata
+
+    from paddle_ext import _requirements
+
+    installed = {}
+    for name, _, _ in _requirements.pins_for(version_string()):
+        try:
+            installed[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return _requirements.unmet(version_string(), installed)
+
+
 def is_supported(version: tuple[int, int, int] | None = None) -> bool:
     v = version or paddle_version()
     # 0.0.0 is a develop build: assume the newest API.

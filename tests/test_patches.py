@@ -252,6 +252,25 @@ def test_doctor_reports_versions_backends_and_patches():
     assert f"op library: built against Paddle {paddle.__version__}, kernels CPU, ops pe_c_embedding" in out
     assert "c_embedding_check" in out
     assert "Paddle's MKL code path: " in out and "GFLOP/s on this path" in out
+    assert "dependencies: ok" in out  # the install's pins hold (paddle_ext._requirements)
+
+
+def test_requirements_pin_what_each_release_breaks_with():
+    """The pins setup.py installs and the doctor checks: protobuf below 5 and numpy below 2
+    for 2.6; protobuf below 7 for 3.0-3.2 (their DistributedStrategy reads
+    FieldDescriptor.label); nothing for 3.3."""
+    from paddle_ext import _requirements as req
+
+    assert req.install_requirements("2.6.2") == ["protobuf>=3.20,<5", "numpy<2"]
+    for version in ("3.0.0", "3.1.1", "3.2.2"):
+        assert req.install_requirements(version) == ["protobuf>=3.20,<7"]
+    assert req.install_requirements("3.3.1") == []
+    assert req.unmet("3.3.1", {"protobuf": "7.36.2", "numpy": "2.4.6"}) == []
+    assert req.unmet("3.0.0", {"protobuf": "6.33.6", "numpy": "2.4.6"}) == []
+    (message,) = req.unmet("3.0.0", {"protobuf": "7.36.2"})
+    assert message.startswith("protobuf 7.36.2 with Paddle 3.0.0: DistributedStrategy reads FieldDescriptor.label")
+    assert message.endswith('pip install "protobuf<7"')
+    assert len(req.unmet("2.6.2", {"protobuf": "5.29.0", "numpy": "2.0.0"})) == 2
 
 
 def test_both_refused_joins_the_plugins_error_class_and_paddles():
