@@ -103,6 +103,20 @@ def run_custom_op(op_name: str, *args: Any) -> list:
     return list(outs) if isinstance(outs, (list, tuple)) else [outs]
 
 
+def empty_embedding_lookup(weight: Any, ids: Any, start_index: int, vocab_size: int) -> Any:
+    """c_embedding of ids with no element: an empty ids.shape + [width] output of weight's
+    dtype, its gradient in weight zero. The custom-op runner of Paddle 2.6 and 3.0 refuses an
+    op's empty output ("not initialized"), where stock's c_embedding answers. 3.x: zeros plus
+    an empty broadcast of a weight row (any dtype); 2.6, whose elementwise ops refuse
+    zero-size tensors, gets Paddle's own c_embedding op."""
+    import paddle
+    from paddle import _C_ops
+
+    if paddle_version() < (3, 0, 0) and paddle_version() != (0, 0, 0):
+        return _C_ops.c_embedding(weight, ids, start_index, vocab_size)
+    return paddle.zeros(list(ids.shape) + [weight.shape[1]], dtype=weight.dtype) + weight[0:1] * 0
+
+
 def _without_grad(arg: Any) -> Any:
     """A tensor argument (or a list of them) detached; anything else as it is."""
     import paddle

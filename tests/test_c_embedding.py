@@ -169,11 +169,19 @@ def test_vocab_size_zero_refuses_every_id():
     table = paddle.to_tensor(np.ones((4, 2), dtype="float32"))
     with pytest.raises(IndexError, match=r"ids\[0\] = 0 is out of range: .*\[0, 0\)"):
         ops.c_embedding(table, paddle.to_tensor(np.array([0])), vocab_size=0)
-    from paddle_ext import compat
+    empty = ops.c_embedding(table, paddle.to_tensor(np.zeros([0], np.int64)), vocab_size=0)
+    assert list(empty.shape) == [0, 2]
 
-    if compat.paddle_version() >= (3, 0, 0):  # 2.6's custom-op runner refuses empty outputs
-        empty = ops.c_embedding(table, paddle.to_tensor(np.zeros([0], np.int64)), vocab_size=0)
-        assert empty.shape == [0, 2]
+
+def test_empty_ids_give_an_empty_lookup_with_a_zero_gradient():
+    """No id: an empty output of the table's dtype, on every release (the custom-op runner of
+    Paddle 2.6 and 3.0 refuses an op's empty output), and a zero gradient for the table."""
+    table = paddle.to_tensor(np.ones((4, 2), dtype="float32"))
+    table.stop_gradient = False
+    out = ops.c_embedding(table, paddle.to_tensor(np.zeros([3, 0], np.int32)), vocab_size=4)
+    assert list(out.shape) == [3, 0, 2] and out.dtype == table.dtype
+    (grad,) = paddle.grad([out], [table], [paddle.ones_like(out)])
+    np.testing.assert_array_equal(grad.numpy(), np.zeros((4, 2), np.float32))
 
 
 def test_first_bad_id_is_reported_for_int32():
