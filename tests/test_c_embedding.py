@@ -368,3 +368,16 @@ def test_a_table_without_rows_or_columns_is_refused_as_paddle_refuses_it(shape, 
     with pytest.raises(ValueError, match=pattern) as ours:
         lookup()
     assert isinstance(ours.value, InvalidArgumentError)
+
+
+def test_runner_probe_for_empty_outputs_matches_the_release():
+    """_library.runner_returns_empty_outputs: Paddle 3.3's custom-op runner returns a zero-size
+    output, 2.6's and 3.0's refuse it (measured on 2.6.2, 3.0.0 and 3.3.1)."""
+    from paddle_ext import compat
+    from paddle_ext.ops import _library
+
+    version = compat.paddle_version()[:2]
+    if version in ((2, 6), (3, 0)):
+        assert _library.runner_returns_empty_outputs() is False
+    elif version >= (3, 3):
+        assert _library.runner_returns_empty_outputs() is True

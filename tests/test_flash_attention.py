@@ -21,6 +21,7 @@ import pytest
 
 import paddle_ext
 import paddle_ext.ops as ops
+from paddle_ext.ops import _library
 from paddle_ext.ops.flash_attention import cpu_isa, flash_attention, flash_attn_unpadded
 from paddle_ext.patches import series
 
@@ -146,10 +147,11 @@ PADDED = [  # batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim, causal, cau
 def test_padded_matches_float64_reference(b, sq, sk, hq, hk, d, causal, alignment):
     from paddle_ext import compat
 
-    if sk == 0 and compat.paddle_version() < (3, 0, 0):
-        # Paddle 2.6's custom-op grad node rejects a zero-size grad output (dk, dv) as
-        # "not initialized"; the forward works, the backward cannot be expressed there.
-        pytest.skip("Paddle 2.6 cannot return zero-size grads from a custom op")
+    if sk == 0 and not _library.runner_returns_empty_outputs():
+        # Paddle 2.6's and 3.0's custom-op grad node rejects a zero-size grad output (dk, dv)
+        # as "not initialized"; the forward works, the backward cannot be expressed there
+        # (stock's own math path fails this backward too on both).
+        pytest.skip(f"Paddle {compat.version_string()} cannot return zero-size grads from a custom op")
     q, k, v, dout = padded_case(b, sq, sk, hq, hk, d, salt=hash((b, sq, sk, hq, hk, d, causal)) % 2**31)
     out, lse, dq, dk, dv = run_padded(q, k, v, dout, causal, causal_alignment=alignment)
     scale = d ** -0.5

@@ -126,7 +126,7 @@ def _residual_sum(x, residual, bias, cols):
     ResidualAddBiasLoad (rms_norm_kernel.cu) sums them. Half-precision adds go through
     float32 (Paddle's CPU build has no float16 / bfloat16 add): 24 bits >= 2 * 11 + 2,
     so each rounded float32 sum rounds to the correctly rounded half sum (where the
-    cast rounds to nearest: 2.6.2's CPU float32 -> float16 cast truncates). New
+    cast rounds to nearest: the CPU float32 -> float16 cast of 2.6.2 and 3.0.0 truncates). New
     tensors: nothing the caller passed is written."""
     for arg, t in (("residual", residual), ("bias", bias)):
         if t is None:
