@@ -219,8 +219,14 @@ def pp_config_message(strategy: Any) -> Any:
 
 
 def upstream_schedule_node_classes():
-    """(ScheduleNode, ScheduleChunk) from fleet.meta_parallel (Paddle 3.1+), or None
-    on releases without the forward/backward overlap scheduler (2.6, 3.0)."""
+    """(ScheduleNode, ScheduleChunk) from fleet.meta_parallel where Paddle's backward has
+    3.3's contract, or None: 2.6 and 3.0 have no such classes, and 3.1 and 3.2's
+    ScheduleNode.backward wants a gradient for every output (a node returning position ids
+    beside its hidden states fails: "2 of Tensor vs 1 of Tensor", measured with 3.1.0 and
+    3.2.0) and returns a lone input's gradient bare; 3.3 skips the outputs that need none
+    and always returns a tuple, as paddle_ext's own classes do."""
+    if paddle_version() < (3, 3, 0) and paddle_version() != (0, 0, 0):
+        return None
     try:
         from paddle.distributed.fleet.meta_parallel.pp_utils.forward_backward_overlap_utils import (
             ScheduleChunk,

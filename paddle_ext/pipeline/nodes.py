@@ -2,9 +2,11 @@
 
     from paddle_ext.pipeline.nodes import ScheduleNode, ScheduleChunk
 
-are Paddle's own classes where Paddle has them (3.1+: fleet.meta_parallel) and
-paddle_ext's equivalents elsewhere (2.6, 3.0; runtime/schedule_nodes.py), so a
-model's `build_schedule_node()` and `overlapped_forward_backward` are written once.
+are Paddle's own classes where Paddle has them with 3.3's backward (fleet.meta_parallel)
+and paddle_ext's equivalents elsewhere (2.6, 3.0, and 3.1 / 3.2, whose backward wants a
+gradient for every output: compat.upstream_schedule_node_classes;
+runtime/schedule_nodes.py), so a model's `build_schedule_node()` and
+`overlapped_forward_backward` are written once.
 With paddle_ext enabled, the `fb_overlap` patch unit also makes
 `from paddle.distributed.fleet.meta_parallel import ScheduleNode, ScheduleChunk`
 work on those releases, as upstream code writes it.
