@@ -74,7 +74,7 @@ def patched_attributes():
         fusions = [host_sharding.fusion_module()] if compat.tensor_fusion_device_aware() else []
         fusions += [m for m in (compat.optimizer_fusion_module(),) if m is not None]
         owners += [(m, name) for m in fusions for name in ("alignment", "get_current_device_type")]
-    if compat.upstream_schedule_node_classes() is None:  # 2.6, 3.0: the unit adds them
+    if compat.paddle_version()[:2] < (3, 1):  # 2.6, 3.0: the unit adds them (3.1+ have Paddle's)
         owners += [(compat.meta_parallel_module(), name) for name in ("ScheduleNode", "ScheduleChunk")]
     return {(id(o), name): vars(o).get(name, MISSING) for o, name in owners}
 
