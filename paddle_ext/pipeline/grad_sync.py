@@ -99,7 +99,7 @@ class GradSyncSettings:
     upstream); early_launch: launch buckets inside a chunk's last backward (else at
     its GradSync point); timing_events: GPU only, default (timing) events instead of
     timing-free ones, for comparisons; early_comm_buffers: the plugin's opt-in
-pp_configs key (paddle_ext.config), see GradReducer.prepare."""
+    pp_configs key (paddle_ext.config), see GradReducer.prepare."""
 
     dp_overlap: bool = False
     sharding_overlap: bool = False
