@@ -342,8 +342,9 @@ def test_the_hybrid_optimizers_own_reduction_is_switched_off():
 
     opt = Hybrid()
     disable_optimizer_reduction(opt)
-    assert not opt._dp_enable and not opt._sharding_enable
-    assert opt._sep_enable  # sep is not reduced by the engine: left alone
+    # as fleet.distributed_optimizer does under dp_comm_overlap (sep with it: the engine
+    # reduces over dp x sep)
+    assert not opt._dp_enable and not opt._sharding_enable and not opt._sep_enable
     disable_optimizer_reduction(paddle.optimizer.SGD(0.1, parameters=_mlp().parameters()))  # no-op
 
 
@@ -355,21 +356,22 @@ class _Task:
 
 
 class _FakeProcessGroup:
-    """dp = 2 with an identical peer: an all-reduce doubles the buffer."""
+    """`nranks` identical peers: an all-reduce multiplies the buffer by nranks."""
 
-    def __init__(self):
+    def __init__(self, nranks=2):
         self.calls = []
+        self.nranks = nranks
 
     def all_reduce(self, tensor, op, sync_op):
         self.calls.append((time.perf_counter(), tensor.numpy().copy()))
-        tensor.scale_(2.0)
+        tensor.scale_(float(self.nranks))
         return _Task()
 
 
 class _FakeGroup:
-    def __init__(self):
-        self.process_group = _FakeProcessGroup()
-        self.nranks = 2
+    def __init__(self, nranks=2):
+        self.process_group = _FakeProcessGroup(nranks)
+        self.nranks = nranks
 
 
 class _FakeHcg:
@@ -442,5 +444,76 @@ def test_reducer_scales_once_launches_early_after_learning_and_refuses_late_grad
                 net(x).sum().backward()
             with pytest.raises(GradSyncError, match="received a gradient after its bucket"):
                 reducer.finish()
+    finally:
+        reducer.close()
+
+
+class _FakeSepHcg(_FakeHcg):
+    """dp 2 x sep 2 (x sharding): fleet's dp x sep group has 4 identical peers."""
+
+    def __init__(self, sharding=1):
+        super().__init__()
+        self.dp_sep_group = _FakeGroup(4)
+        self.sharding = sharding
+
+    def get_sep_parallel_world_size(self):
+        return 2
+
+    def get_dp_sep_parallel_group(self):
+        return self.dp_sep_group
+
+    def get_data_parallel_group(self):
+        raise AssertionError("with sep the engine reduces over fleet's dp x sep group")
+
+    def get_sharding_parallel_world_size(self):
+        return self.sharding
+
+    def get_sharding_parallel_rank(self):
+        return 0
+
+    def get_sharding_parallel_group(self):
+        return _FakeGroup(self.sharding)
+
+
+def test_dp_overlap_with_sep_reduces_over_dp_x_sep_scaled_by_its_size():
+    """fleet's PipelineParallel under dp_comm_overlap with sep: FusedCommBuffers all-reduce
+    over the dp x sep group and scale by its size (the optimizer's own path, without
+    overlap, scales by 1 / dp: the engine then defers)."""
+    m = 2
+    net, ref = _mlp(2), _mlp(2)
+    _copy(ref, net)
+    hcg = _FakeSepHcg()
+    actions = [B(0, 0), B(0, 1), GradSync(0)]
+    off = GradReducer(_Layers(net), hcg, m, delay_scale_loss=True, settings=GradSyncSettings())
+    off.begin_step(None, actions)
+    assert off.deferred
+    off.close()
+    reducer = GradReducer(_Layers(net), hcg, m, delay_scale_loss=True,
+                          settings=GradSyncSettings(dp_overlap=True, bucket_mb=1e-4))
+    try:
+        reducer.begin_step(None, actions)
+        assert not reducer.deferred
+        for mb in range(m):
+            x = paddle.to_tensor(np.random.default_rng(mb).standard_normal((2, 8)).astype("float32"))
+            net(x).sum().backward()
+            ref(x).sum().backward()
+        reducer.on_grad_sync(0)
+        reducer.finish()
+        assert len(hcg.dp_sep_group.process_group.calls) == len(reducer.order)
+        pairs = dict(zip(map(id, net.parameters()), ref.parameters()))
+        for p in net.parameters():
+            # x4 (the dp x sep peers) then x 1/(dp * sep * M) = 1/8: exact
+            assert np.array_equal(p.grad.numpy(), pairs[id(p)].grad.numpy() / 2), p.name
+    finally:
+        reducer.close()
+
+
+def test_sharding_overlap_with_sep_is_refused_as_fleet_refuses_it():
+    reducer = GradReducer(_Layers(_mlp(1)), _FakeSepHcg(sharding=2), 2, delay_scale_loss=False,
+                          settings=GradSyncSettings(sharding_overlap=True))
+    try:
+        with pytest.raises(GradSyncError, match=r"sharding_comm_overlap = True with sep_degree = 2: sep parallel "
+                                                r"can not coexist with sharding_comm_overlap"):
+            reducer.begin_step(None, [GradSync(0)])
     finally:
         reducer.close()

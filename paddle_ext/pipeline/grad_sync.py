@@ -35,9 +35,15 @@ What happens to a gradient, per step:
    owners, as it does without overlap. The wrapped optimizer's own dp/sharding
    reduction is switched off (`_dp_enable` / `_sharding_enable`, as fleet does for
    pp_configs.dp_comm_overlap / sharding_comm_overlap).
-6. sep_degree > 1 (with dp or sharding): the engine reduces nothing and the optimizer
-   does, over its dp x sep group, as fleet's HybridParallelOptimizer does without
-   overlap (`deferred`); overlap is refused.
+6. sep_degree > 1 (with dp or sharding). Without overlap the engine reduces nothing
+   and the optimizer does, over its dp x sep group scaled by 1 / dp, as fleet's
+   HybridParallelOptimizer does (`deferred`). With pp_configs.dp_comm_overlap the
+   engine reduces, as fleet's PipelineParallel does then: the dp collective runs over
+   the dp x sep group and the last one scales by 1 / (dp * sep * sharding) (Paddle's
+   FusedCommBuffer scales by its group's size; the two paths of fleet differ by sep,
+   and each is kept). sharding_comm_overlap with sep is refused, as
+   fleet.distributed_optimizer refuses it ("sep parallel can not coexist with
+   sharding_comm_overlap").
 7. Sharding with split_param (DygraphShardingOptimizerV2: each rank updates a slice of
    flat buffers, its gradients reduce-scattered into it), as in fleet's
    PipelineParallel. With the strategy's pp_configs.sharding_comm_overlap the optimizer
@@ -166,7 +172,10 @@ class GradReducer:
             raise ValueError("pp_configs.sharding_comm_overlap = True needs sharding_degree > 1")
         self.overlap = settings.dp_overlap or settings.sharding_overlap
         self.sharding_rank = hcg.get_sharding_parallel_rank() if self.sharding > 1 else 0
-        self.dp_group = hcg.get_data_parallel_group() if self.dp > 1 else None
+        self.sep = compat.sep_degree(hcg)
+        # the engine reduces with sep only under overlap (_defers_to), over fleet's dp x sep group
+        self.dp_group = None if self.dp == 1 else (hcg.get_dp_sep_parallel_group() if self.sep > 1
+                                                   else hcg.get_data_parallel_group())
         self.sharding_group = hcg.get_sharding_parallel_group() if self.sharding > 1 else None
         self.delay_scale_loss = delay_scale_loss
         self.scale = self._scale_for(microbatches, delay_scale_loss)
@@ -191,7 +200,6 @@ class GradReducer:
         self._records: dict[int, BucketRecord] = {}
         self.last: Optional[SyncStats] = None
         self.deferred = False  # this step's reduction left to the optimizer (_defers_to)
-        self.sep = compat.sep_degree(hcg)
         # Worker threads end before the interpreter finalizes (a daemon thread still in a
         # gloo wait during finalization aborted the process with SIGABRT).
         atexit.register(_close_at_exit, weakref.ref(self))
@@ -287,7 +295,7 @@ class GradReducer:
         return hook
 
     def _scale_for(self, microbatches: int, scale_accumulation: bool) -> float:
-        return 1.0 / (self.dp * self.sharding) / (microbatches if scale_accumulation else 1)
+        return 1.0 / (self.dp * self.sep * self.sharding) / (microbatches if scale_accumulation else 1)
 
     # --- one step ------------------------------------------------------------------
     def prepare(self, optimizer: Any, actions: Sequence[Any]) -> None:
@@ -342,17 +350,15 @@ class GradReducer:
         reduces nothing (dp neither: the optimizer's dp all-reduce follows its sharding
         reduction) and leaves the optimizer's reduction switched on. Built with it, the
         optimizer takes the pipeline's buffers, and the engine reduces (item 7 above). With
-        sep_degree > 1 the reduction is always the optimizer's (item 6)."""
+        sep_degree > 1 the reduction is the optimizer's unless dp_comm_overlap (item 6)."""
         if self.sep > 1:
-            # fleet's optimizer all-reduces over the dp x sep group, scaled by 1 / dp only
-            # (each sep rank holds a part of every sequence): the engine's dp collectives
-            # would reduce dp twice. Overlap would need that group's semantics in the buckets.
-            if self.overlap:
+            if not self.overlap:
+                return True  # fleet's optimizer all-reduces over dp x sep, scaled by 1 / dp
+            if self.settings.sharding_overlap:
                 raise GradSyncError(
-                    "pp_configs.dp_comm_overlap / sharding_comm_overlap with sep_degree > 1 is not supported by "
-                    "paddle_ext's pipeline gradient reduction: turn the overlap off (the optimizer then reduces "
-                    "over the dp x sep group, as in fleet)")
-            return True
+                    f"pp_configs.sharding_comm_overlap = True with sep_degree = {self.sep}: sep parallel can not "
+                    "coexist with sharding_comm_overlap (fleet.distributed_optimizer refuses it too); use "
+                    "pp_configs.dp_comm_overlap (dp_degree > 1) or turn the overlap off")
         if self.sharding == 1:
             return False
         split = split_param_optimizer(optimizer)
@@ -517,6 +523,6 @@ def disable_optimizer_reduction(optimizer: Any) -> None:
     hybrid = _find_in_chain(optimizer, "_dp_enable")
     if hybrid is None:
         return
-    for flag in ("_dp_enable", "_sharding_enable"):
+    for flag in ("_dp_enable", "_sep_enable", "_sharding_enable"):
         if flag in vars(hybrid):
             setattr(hybrid, flag, False)

@@ -277,6 +277,8 @@ def check_fleet_path(hcg, m, dp, sh, shard):
     rows = slice(shard * m * MBS, (shard + 1) * m * MBS)
     engine.train_batch([ids[rows], labels[rows]], opt)
     assert engine._grad_sync.last.overlap
+    on = [flag for flag in ("_dp_enable", "_sep_enable", "_sharding_enable") if vars(opt).get(flag)]
+    assert not on, f"the engine reduced and the optimizer would reduce again: {on}"
     print(f"rank {dist.get_rank()}: fleet path with pp_configs {'sharding' if sh > 1 else 'dp'} overlap ok",
           flush=True)
 
@@ -365,9 +367,12 @@ def split_param_configs(hcg, configs, dp, sh, shard, use_scaler):
 
 
 def sep_configs(hcg, configs, dp, sh, shard, use_scaler):
-    """`sep`: sep_degree 2 beside dp: the optimizer reduces over its dp x sep group (the
-    engine nothing), as fleet's; overlap is refused. SGD: a gradient reduced over dp twice,
-    or its sep copies not summed, would move the parameters by lr * g more or less."""
+    """`sep`: sep_degree 2 beside dp. Overlap off: the optimizer reduces over its dp x sep
+    group scaled by 1 / dp (the engine nothing), as fleet's HybridParallelOptimizer. Overlap
+    on (dp_comm_overlap): the engine all-reduces over the dp x sep group and scales by
+    1 / (dp * sep), as fleet's PipelineParallel FusedCommBuffers do; the sep ranks hold the
+    same data here, so that is the dp mean. SGD: a gradient reduced over dp twice, or its
+    sep copies not summed, would move the parameters by lr * g more or less."""
     me, stage = dist.get_rank(), hcg.get_stage_id()
     OPTIMIZER[0] = paddle.optimizer.SGD
     for vpp, m, delay, bucket_kb, hidden, fb, p2p, _, zb, v in configs:
@@ -377,14 +382,17 @@ def sep_configs(hcg, configs, dp, sh, shard, use_scaler):
         assert engine._grad_sync.deferred, tag
         ref, ref_losses = reference(vpp, m, delay, hidden, dp, sh, use_scaler, sep=2)
         worst = within_reference(f"rank {me} {tag}", params, losses, ref, ref_losses, stage, shard)
-        try:
-            run_engine(hcg, vpp, m, delay, True, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh, zb, v)
-        except grad_sync.GradSyncError as err:
-            assert "with sep_degree > 1 is not supported" in str(err), err
-        else:
-            raise AssertionError(f"rank {me} {tag}: overlap with sep was not refused")
+        engine, params, losses = run_engine(hcg, vpp, m, delay, True, bucket_kb, hidden, use_scaler, fb, p2p, dp, sh,
+                                            zb, v)
+        assert not engine._grad_sync.deferred and engine._grad_sync.last.overlap, tag
+        assert engine._grad_sync.dp_group.nranks == dp * 2, tag
+        ref, ref_losses = reference(vpp, m, delay, hidden, dp, sh, use_scaler)
+        worst_on = within_reference(f"rank {me} {tag} overlapped", params, losses, ref, ref_losses, stage, shard)
         print(f"rank {me}: {tag}: the optimizer reduced over dp x sep, max abs diff to reference {worst:.3g}; "
-              "overlap refused", flush=True)
+              f"overlapped, the engine reduced over dp x sep scaled by its size, max abs diff {worst_on:.3g}",
+              flush=True)
+    fleet.fleet._user_defined_strategy.hybrid_configs["pp_configs"].dp_comm_overlap = True
+    check_fleet_path(hcg, configs[0][1], dp, sh, shard)
     print(f"rank {me}: all configs passed", flush=True)
 
 
