@@ -5,7 +5,7 @@
 # adds the [paddleformers] extra's requirements, read from pyproject.toml (paddleformers 1.2.0
 # with the pyarrow<26 / numpy<=1.26.4 pins), to that venv, so nothing is rebuilt; `make setup`
 # first is a no-op there and sets the venv up when the leg runs alone. Then the Trainer parity
-# tests (tests/multiproc/test_paddleformers.py: configs a-y (g: use_dualpipev, h: flashmask attention, i: sequence parallel, j: sharding overlap, k: every pipeline switch, l: ERNIE 4.5 with fused ops, m: tensor parallel without a pipeline, with resume; n-z: sharding stages 2 and 3, stage 1 with its switches, split_param with and without sharding overlap; re: its resume with early_comm_buffers), the split-row-sum run, evaluate(),
+# tests (tests/multiproc/test_paddleformers.py: configs a-y (a1: gradient_accumulation_steps 1 under pp2, g: use_dualpipev, h: flashmask attention, i: sequence parallel, j: sharding overlap, k: every pipeline switch, l: ERNIE 4.5 with fused ops, m: tensor parallel without a pipeline, with resume; n-z: sharding stages 2 and 3, stage 1 with its switches, split_param with and without sharding overlap; re: its resume with early_comm_buffers), the split-row-sum run, evaluate(),
 # resume_from_checkpoint), the unit that lifts PaddleFormers' dp-overlap refusal and
 # PaddleFormers' attention functions imported before enable() (tests/test_paddleformers_*.py;
 # the main leg runs them skipped: no PaddleFormers there).

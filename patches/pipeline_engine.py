@@ -3,8 +3,9 @@
 Upstream #58383 let interleaved VPP take accumulate_steps that are not a
 multiple of pp_degree (the first group of micro-batches takes acc % pp + pp).
 This unit goes further and replaces fleet's PipelineParallel classes with
-paddle_ext's PipelineEngine: one schedule IR for FthenB, 1F1B and interleaved
-VPP with any accumulate_steps >= pp_degree (pp_degree = 2 with VPP included),
+paddle_ext's PipelineEngine: one schedule IR for FthenB, 1F1B (any accumulate_steps
+>= 1, as fleet's) and interleaved VPP with any accumulate_steps >= pp_degree
+(pp_degree = 2 with VPP included),
 and a runtime that runs on gloo (CPU) as on NCCL. Also: PipelineLayer reads
 ParallelEnv().device_id, which a CPU build never sets; and strategy
 hybrid_configs['pp_configs'] accepts Paddle 3.3's keys on every release (kept

@@ -273,9 +273,13 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
                 p2p.forget_shapes()
 
     def _check_accumulate_steps(self, m: int) -> None:
-        """The V schedules take any count from V_MIN_MICROBATCHES; the others need pp."""
+        """The V schedules take any count from V_MIN_MICROBATCHES, one virtual stage any
+        count from 1 (as fleet's PipelineParallel); virtual stages need pp (fleet's
+        distributed_model refuses fewer)."""
         if self.placement == "v":
             low, what = V_MIN_MICROBATCHES, str(V_MIN_MICROBATCHES)
+        elif self.vpp == 1:
+            low, what = 1, "1"
         else:
             low, what = self.num_stages, f"pp_degree = {self.num_stages}"
         if m < low:

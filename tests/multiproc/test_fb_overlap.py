@@ -19,7 +19,7 @@ pytestmark = pytest.mark.multiprocess
 
 CASES = {
     2: ("1:4,1:5,2:4,2:5,2:5d", "plain,overlap,async,nomethod"),
-    4: ("1:8,1:5,2:8,2:5", "plain,overlap,async"),
+    4: ("1:8,1:5,2:8,2:5,1:3", "plain,overlap,async"),  # 1:3: M < pp, as fleet's 1F1B takes it
 }
 
 
@@ -39,7 +39,8 @@ def test_overlap_scheduler_equals_plain_and_single_process_bitwise(pp):
             assert len(re.findall(rf"{re.escape(tag)} scaler=False.* async.*: bitwise equal", log)) >= 1
         # async: the trace check ran for every pair (rank 0 of 1F1B receives no activations)
         traces = re.findall(r"async trace: (\d+) of (\d+) activation receives posted before", log)
-        assert len(traces) >= (len(pairs.split(",")) - (2 if rank == 0 else 0)), log[-3000:]
+        one_chunk = sum(item.startswith("1:") for item in pairs.split(","))
+        assert len(traces) >= (len(pairs.split(",")) - (one_chunk if rank == 0 else 0)), log[-3000:]
         assert all(2 * int(a) >= int(b) for a, b in traces), traces
     log0 = result.logs[0]
     assert "(via fleet, pp_configs 'forward_backward_overlap_scheduler enable_overlap_p2p_comm')" in log0

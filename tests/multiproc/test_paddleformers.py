@@ -57,7 +57,7 @@ GRAD_BOUND = 1e-5
 # their base's (zbv does not: PaddleFormers' TrainingArguments skip fleet.init once the parallel
 # context exists, so a second Trainer in one process keeps the first one's strategy, here b's
 # forward_backward_overlap_scheduler; fleet.init itself takes a second strategy, measured)
-LAUNCHES = {"a,zb,ph,gm,go": 2, "b": 2, "zbv": 2, "c,d,zbd,cs": 4, "f": 4, "g": 2, "h": 2, "i": 4, "e": 4, "j": 4, "k": 2, "l": 2, "m": 2,
+LAUNCHES = {"a,zb,ph,gm,go": 2, "a1": 2, "b": 2, "zbv": 2, "c,d,zbd,cs": 4, "f": 4, "g": 2, "h": 2, "i": 4, "e": 4, "j": 4, "k": 2, "l": 2, "m": 2,
             "n,x": 2, "o,y": 2, "p": 4, "q": 2, "r,re": 4, "s": 2, "t": 2, "u": 2, "v": 2, "w": 2, "z": 2, "rc": 2}
 # Sharding stages 2 and 3, and stage 1 with split_param, keep the reduced gradients in
 # buffers of their own, not in the .grad a callback reads: for them the parameters are the check.

@@ -7,9 +7,11 @@ from paddle_ext.pipeline.schedule import (
     F,
     Schedule,
     ScheduleArgumentError,
+    computes,
     generate,
     lower,
     microbatch_groups,
+    validate,
 )
 from paddle_ext.pipeline.schedule.generate import interleaved_warmup
 
@@ -95,7 +97,8 @@ def test_interleaved_warmup_counts():
     ((1, 1, 4, "1f1b"), "pp", "pp = 1 is not allowed: must be an integer >= 2"),
     ((4, 0, 4, "interleaved"), "vpp", "vpp = 0 is not allowed: must be an integer >= 1"),
     ((4, 2, 3, "interleaved"), "microbatches",
-     "microbatches = 3 is not allowed: must be an integer >= pp (= 4)"),
+     "microbatches = 3 is not allowed: must be an integer >= pp (= 4) with virtual stages"),
+    ((4, 1, 0, "1f1b"), "microbatches", "microbatches = 0 is not allowed: must be an integer >= 1"),
     ((4, 2, 8, "gpipe"), "kind", "kind = 'gpipe' is not allowed: must be one of fthenb, 1f1b"),
     ((4, 2, 8, "1f1b"), "vpp", "vpp = 2 is not allowed: kind 1f1b needs 1"),
     ((4, 2.0, 8, "interleaved"), "vpp", "vpp = 2.0 is not allowed"),
@@ -111,3 +114,22 @@ def test_kind_spellings():
     assert generate(2, 1, 2, "1F1B").kind == "1f1b"
     assert generate(2, 1, 2, "FThenB").kind == "fthenb"
     assert generate(2, 2, 2, "VPP").kind == "interleaved"
+
+
+@pytest.mark.parametrize("kind", ["1f1b", "fthenb", "1f1b-overlap", "zb-h1", "zb-h1-w1"])
+@pytest.mark.parametrize("pp, m", [(2, 1), (4, 1), (4, 3)])
+def test_one_virtual_stage_takes_fewer_micro_batches_than_stages(kind, pp, m):
+    """fleet's PipelineParallel runs 1F1B with any accumulate_steps >= 1 (its warm-up is
+    min(pp - r - 1, M)); so does every one-chunk kind here."""
+    s = generate(pp, 1, m, kind)
+    result = validate(lower(s))
+    for acts in s.ranks:
+        done = sorted((type(p).__name__, p.mb) for a in acts for p in computes(a))
+        want = sorted((name, mb) for mb in range(m)
+                      for name in (("F", "I", "W") if kind.startswith("zb") else ("F", "B")))
+        assert done == want, (kind, acts)
+    if kind == "1f1b":  # rank r's warm-up: min(pp - r - 1, M) forwards, then one more F if any is left
+        for r, acts in enumerate(s.ranks):
+            first_b = next(i for i, a in enumerate(acts) if isinstance(a, B))
+            assert first_b == min(m, pp - r), (r, acts)
+    assert result.makespan > 0

@@ -52,8 +52,8 @@ def configure_parser(parser: argparse.ArgumentParser) -> None:
                         help="virtual stages (model chunks) per rank, >= 1 (default 1; 2 for "
                         "the V kinds zb-v and dualpipev)")
     parser.add_argument("--microbatches", "--accumulate-steps", dest="microbatches", type=int,
-                        default=None, help="micro-batches per step, >= pp (>= 1 for the V "
-                        "kinds)")
+                        default=None, help="micro-batches per step, >= pp with virtual "
+                        "stages (>= 1 for --vpp 1 and the V kinds)")
     parser.add_argument("--kind", default=None, help=f"one of {', '.join(KINDS)} "
                         "(default: 1f1b for --vpp 1, interleaved otherwise); zb-h1 and "
                         "interleaved-zb split each backward into I (input grad) and W (weight "

@@ -6,9 +6,10 @@ communication afterwards. Kinds:
 - ``fthenb``: all forwards (chunk-major), then all backwards (reverse chunk order).
   Any vpp. Peak memory: every micro-batch of every chunk at once.
 - ``1f1b``: the classic one-forward-one-backward schedule, vpp must be 1: rank r runs
-  ``pp - r - 1`` warm-up forwards, then alternates F and B, then drains the B's.
+  ``min(pp - r - 1, M)`` warm-up forwards, then alternates F and B, then drains the B's.
+  Any microbatches >= 1, as fleet's PipelineParallel (so every kind with vpp = 1).
 - ``interleaved``: Megatron/Paddle interleaved 1F1B (VPP) for any vpp >= 1 and any
-  microbatches >= pp. With vpp == 1 it *is* ``1f1b`` (Paddle picks its 1F1B class then).
+  microbatches >= pp (>= 1 with vpp = 1). With vpp == 1 it *is* ``1f1b`` (Paddle picks its 1F1B class then).
 - ``1f1b-overlap``, ``interleaved-overlap``: the same with the steady state's F and B
   paired into overlapped ``F..&B..`` steps (overlap.py; upstream #71995).
 - ``zb-h1`` (vpp = 1) and ``interleaved-zb`` (any vpp; with vpp = 1 it is zb-h1): zero
@@ -135,9 +136,12 @@ def check_args(pp: int, vpp: int, microbatches: int, kind: str,
                 or microbatches < V_MIN_MICROBATCHES):
             raise ScheduleArgumentError(n["microbatches"], microbatches,
                                         f"must be an integer >= {V_MIN_MICROBATCHES}")
+    elif vpp == 1:  # fleet's PipelineParallel (1F1B) takes any count: its warm-up is min(pp - r - 1, M)
+        if not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < 1:
+            raise ScheduleArgumentError(n["microbatches"], microbatches, "must be an integer >= 1")
     elif not isinstance(microbatches, int) or isinstance(microbatches, bool) or microbatches < pp:
         raise ScheduleArgumentError(n["microbatches"], microbatches,
-                                    f"must be an integer >= {n['pp']} (= {pp})")
+                                    f"must be an integer >= {n['pp']} (= {pp}) with virtual stages")
     if k in ("1f1b", "zb-h1") and vpp != 1:
         alt = "interleaved" if k == "1f1b" else "interleaved-zb"
         raise ScheduleArgumentError(n["vpp"], vpp, f"{n['kind']} {k} needs 1 "
@@ -194,7 +198,10 @@ def one_f_one_b(pp: int, microbatches: int) -> Schedule:
 
 def microbatch_groups(pp: int, microbatches: int) -> List[range]:
     """Groups of micro-batches that go through all chunks together (upstream #58383):
-    the first holds pp + microbatches % pp, the rest pp each."""
+    the first holds pp + microbatches % pp, the rest pp each (fewer than pp: one group,
+    which only one virtual stage takes)."""
+    if microbatches < pp:
+        return [range(microbatches)]
     first = pp + microbatches % pp
     groups = [range(0, first)]
     groups += [range(s, s + pp) for s in range(first, microbatches, pp)]

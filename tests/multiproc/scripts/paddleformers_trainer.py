@@ -3,6 +3,8 @@
 Usage: paddleformers_trainer.py CONFIG[,CONFIG...] OUT_DIR
 
 CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
+        a1 pp2 1F1B, accumulation 1 (the Trainer's default gradient_accumulation_steps: fewer
+           micro-batches than stages, which fleet's PipelineParallel takes) (2 ranks)
         b  pp2 vpp2, accumulation 5, forward_backward_overlap_scheduler (2 ranks)
         c  pp2 x dp2, gradients clipped by their global norm (max_grad_norm = CLIP, with the
            amp_master_grad PaddleFormers needs for it with pipeline parallelism) (4 ranks)
@@ -152,6 +154,7 @@ CLIP = 0.5
 
 CONFIGS = {
     "a": dict(acc=4, eval_resume=True),
+    "a1": dict(acc=1),
     "b": dict(acc=5, vpp=2, forward_backward_overlap_scheduler=True),
     "c": dict(acc=4, dp=2, clip=CLIP),
     "d": dict(acc=4, dp=2, dp_comm_overlap=True, clip=CLIP),
