@@ -7,7 +7,7 @@ difference turns up, it gets a function here.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Optional
 
 SUPPORTED = ((2, 6), (3, 0), (3, 1), (3, 2), (3, 3))
 
@@ -459,6 +459,18 @@ def pipeline_dataset_preprocessor_classes() -> tuple:
 
     cls = getattr(pipeline_parallel, "PipelineDatasetPreprocessor", None)
     return (cls,) if cls is not None else ()
+
+
+def pipeline_micro_step_hook_api() -> Optional[tuple]:
+    """(PipelineHook, the global PipelineParallelMicroStepCallback, PipelineParallelMicro-
+    StepLocations) of Paddle's PipelineParallel (3.0+), or None (2.6 has no user hooks)."""
+    from paddle.distributed.fleet.meta_parallel import pipeline_parallel
+
+    callbacks = getattr(pipeline_parallel, "pipeline_parallel_callbacks_", None)
+    hook_cls = getattr(pipeline_parallel, "PipelineHook", None)
+    if callbacks is None or hook_cls is None:
+        return None
+    return hook_cls, callbacks, pipeline_parallel.PipelineParallelMicroStepLocations
 
 
 def grad_enabled() -> bool:

@@ -298,7 +298,12 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
             self._grad_sync.begin_step(optimizer, self.schedule(m).ranks[self.stage_id], microbatches=m,
                                        scale_accumulation=scale_accumulation and self.settings.delay_scale_loss)
         self._new_step_shapes()
+        self._reset_user_hooks_status()
+        self.user_hooks_enabled = True
+        self._micro_steps.step_ids = True
         losses = self._run(data, loss_fn, scaler, compute_loss=True)
+        if self.placement != "v":  # as DualPipeVParallel, which runs no user hooks
+            self._check_user_hooks_status_at_step_end()
         self._layers.allreduce_shared_weight_gradients()
         if self._grad_sync is not None:  # the late buckets, then wait for every bucket
             self._grad_sync.finish()
@@ -323,7 +328,8 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         forward = (lambda x, chunk: self._layers(x, chunk_id=chunk)) if self.vpp > 1 else (lambda x, chunk: self._layers(x))
         program = StageProgram(rank=self.stage_id, pp=self.num_stages, vpp=self.vpp, forward=forward,
                                loss=stage_loss, first_input=batches.inputs, backward_loss=backward_loss,
-                               placement=self.placement)
+                               placement=self.placement,
+                               micro_steps=self._micro_steps if self.placement != "v" else None)
         if self._grad_sync is not None:
             program.on_grad_sync = self._grad_sync.on_grad_sync
         if self.overlap_schedule_mode:
@@ -426,6 +432,10 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         self._layers.eval()
         self.set_virtual_pipeline_rank(0)
         self._new_step_shapes()
+        hooks = self._micro_steps  # the callbacks only; step_id None as Paddle's 1F1B eval passes it
+        self.user_hooks_enabled = False
+        hooks.reset()
+        hooks.step_ids = self.vpp > 1
         m = self.accumulate_steps
         if isinstance(data, compat.pipeline_dataset_preprocessor_classes()):
             data = data()
@@ -440,7 +450,9 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
                 first, last = chunk == 0 and rank == 0, chunk == self.vpp - 1 and rank == pp - 1
                 x = batches.inputs(mb) if first else self._p2p.recv_activation(
                     ("eval", chunk), (rank - 1) % pp, f"eval RA{chunk}.{mb}")
+                hooks.forward_begin(x)
                 y = self._layers(x, chunk_id=chunk) if self.vpp > 1 else self._layers(x)
+                hooks.forward_end(x, y)
                 if not last:
                     self._p2p.send_activation(("eval", chunk if rank < pp - 1 else chunk + 1), y, (rank + 1) % pp,
                                               f"eval SA{chunk}.{mb}")

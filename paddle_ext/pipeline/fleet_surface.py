@@ -27,6 +27,7 @@ import paddle
 
 from paddle_ext import compat
 from paddle_ext.pipeline.grad_sync import split_param_optimizer
+from paddle_ext.pipeline.micro_step_hooks import MicroStepHooks
 
 __all__ = ["CommBufferView", "PipelineParallelSurface", "UnsupportedMember", "adopt_fleet_class", "micro_batch_data"]
 
@@ -129,6 +130,7 @@ class PipelineParallelSurface:
         self.micro_batch_id = 0
         self.loss_fn_idx = 0
         self.processed_steps = 0
+        self._init_user_hooks()
 
     # --- the overlap flags: the engine's real grad-sync state ----------------------------
     @property
@@ -172,6 +174,74 @@ class PipelineParallelSurface:
 
     def set_virtual_pipeline_rank(self, rank: int) -> None:
         self._virtual_pp_rank = rank
+
+    # --- user hooks (Paddle 3.0+; micro_step_hooks.py) ------------------------------------
+    bubble_hooks = None  # Paddle's too: "(TODO) support bubble hooks if needed"
+
+    def _init_user_hooks(self) -> None:
+        """Numbered hooks for each of this rank's forwards (backwards) of a step: vpp *
+        accumulate_steps of them, fixed now, as Paddle's (DualPipeV's: accumulate_steps)."""
+        chunks = self.vpp if self.vpp > 1 and self.placement != "v" else 1
+        self._micro_steps = MicroStepHooks(chunks * self.accumulate_steps)
+
+    _init_user_forward_backward_hooks = _init_user_hooks
+
+    def _init_user_bubble_hooks(self) -> None:
+        self.bubble_hooks = None
+
+    @property
+    def forward_hooks(self) -> Any:
+        return self._micro_steps.forward_hooks
+
+    @property
+    def backward_hooks(self) -> Any:
+        return self._micro_steps.backward_hooks
+
+    @property
+    def callbacks(self) -> Any:
+        """The global micro-step callbacks (Paddle's pipeline_parallel_callbacks_ on 3.x)."""
+        return self._micro_steps.callbacks
+
+    @property
+    def user_hooks_enabled(self) -> bool:
+        return self._micro_steps.enabled
+
+    @user_hooks_enabled.setter
+    def user_hooks_enabled(self, value: bool) -> None:
+        self._micro_steps.enabled = bool(value)
+
+    def register_hook(self, location: Any, hook: Any) -> None:
+        """A callback at a PipelineParallelMicroStepLocations location, for every pipeline
+        model (Paddle's list is global)."""
+        self.callbacks.register_hook(location, hook)
+
+    def register_forward_pipeline_parallel_hook(self, location: int, hook: Any) -> None:
+        self.forward_hooks.register_hook(location, hook)
+
+    def register_backward_pipeline_parallel_hook(self, location: int, hook: Any) -> None:
+        self.backward_hooks.register_hook(location, hook)
+
+    def register_bubble_pipeline_parallel_hook(self, location: int, hook: Any) -> None:
+        raise ValueError("Bubble hooks are not supported yet.")
+
+    @property
+    def forward_pipeline_parallel_hook_capacity(self) -> int:
+        return self.forward_hooks.hooks_capacity
+
+    @property
+    def backward_pipeline_parallel_hook_capacity(self) -> int:
+        return self.backward_hooks.hooks_capacity
+
+    @property
+    def bubble_pipeline_parallel_hook_capacity(self) -> int:
+        return 0
+
+    def _reset_user_hooks_status(self) -> None:
+        self._micro_steps.reset()
+
+    def _check_user_hooks_status_at_step_end(self) -> None:
+        chunks = self.vpp if self.vpp > 1 and self.placement != "v" else 1
+        self._micro_steps.check_step_end(chunks * self.accumulate_steps)
 
     # --- training, as trainers drive it ------------------------------------------------
     def register_sharding_comm_overlap_hook(self, optimizer: Any) -> None:

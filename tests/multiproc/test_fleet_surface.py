@@ -1,7 +1,8 @@
 """Paddle's PipelineParallel surface of the engine (pipeline/fleet_surface.py), as trainers
 drive it, on gloo: isinstance checks, members the engine does not offer, and
 forward_backward_pipeline + the caller's 1/M scaling + the optimizer step bitwise equal
-to train_batch (scripts/fleet_surface.py). Needs no PaddleFormers."""
+to train_batch, and Paddle's user hooks at the micro-steps (scripts/fleet_surface.py).
+Needs no PaddleFormers."""
 
 import pytest
 
@@ -18,3 +19,6 @@ def test_pipeline_parallel_surface():
         assert f"rank {rank}: vpp=2 M=5: forward_backward_pipeline == train_batch bitwise" in log, result.describe()
         assert f"rank {rank}: all surface checks passed" in log, result.describe()
         assert "with count_shared_weights_once = the model's" in log, result.describe()
+        for vpp, m in ((1, 3), (2, 4)):
+            assert f"rank {rank}: vpp={vpp} M={m}: user hooks and callbacks as Paddle runs them" in log, \
+                result.describe()

@@ -96,6 +96,8 @@ class StageProgram:
     split: Any = None
     # The schedule's placement of stages on ranks (schedule/ir.py): interleaved or v.
     placement: str = "interleaved"
+    # Paddle's user hooks at each forward and backward (pipeline/micro_step_hooks.py).
+    micro_steps: Any = None
 
     def is_first(self, chunk: int) -> bool:
         return chunk == 0 and self.rank == 0
@@ -377,17 +379,22 @@ class Interpreter:
         return contextlib.nullcontext()
 
     def _forward(self, chunk: int, mb: int) -> None:
-        prog = self.program
+        prog, hooks = self.program, self.program.micro_steps
         inputs = self._forward_input(chunk, mb)
         slot = self.slots[(chunk, mb)]
+        if hooks is not None:
+            hooks.forward_begin(inputs)
         if prog.uses_nodes:
             slot.chunk = prog.schedule_chunk(chunk)
         with self._capture(chunk, mb):
             outputs = slot.chunk.forward(inputs) if prog.uses_nodes else prog.forward(inputs, chunk)
+        if hooks is not None:
+            hooks.forward_end(inputs, outputs)
         if prog.is_last(chunk):
             if prog.uses_nodes:
                 slot.loss_node = prog.loss_node(mb)
-                prog.record_loss(slot.loss_node.forward(outputs).detach())
+                slot.loss = slot.loss_node.forward(outputs)
+                prog.record_loss(slot.loss.detach())
             else:
                 slot.loss = prog.loss(outputs, mb)
             outputs = None
@@ -395,17 +402,34 @@ class Interpreter:
 
     def _backward(self, chunk: int, mb: int) -> None:
         self.in_flight -= 1
-        self._whole_backward(chunk, mb)
+        self._hooked_backward(chunk, mb, lambda: self._whole_backward(chunk, mb))
 
-    def _whole_backward(self, chunk: int, mb: int) -> None:
+    def _hooked_backward(self, chunk: int, mb: int, run: Callable[[], Optional[list]]) -> None:
+        """`run` (a backward of (chunk, mb) returning the input gradients it sends) between
+        the user hooks' backward locations (micro_step_hooks.py), given hooks."""
+        prog, hooks = self.program, self.program.micro_steps
+        if hooks is None:
+            run()
+            return
+        slot = self.slots[(chunk, mb)]
+        inputs = None if prog.is_first(chunk) else slot.inputs  # as Paddle: no stage input on the first
+        outputs = slot.loss if prog.is_last(chunk) else slot.outputs
+        output_grads = None
+        if hooks.wants_output_grads() and not prog.is_last(chunk):
+            output_grads = self._grads_argument(chunk, mb, self._output_grads(chunk, mb))
+        hooks.backward_begin(inputs, outputs, output_grads)
+        input_grads = run()
+        hooks.backward_end(inputs, outputs, input_grads, output_grads)
+
+    def _whole_backward(self, chunk: int, mb: int) -> Optional[list]:
         """The backward of (chunk, mb) as the chunk ran: through its schedule nodes in node
-        mode, else autograd over the chunk. Inside `split.input_backward` it is an I."""
+        mode, else autograd over the chunk; returns the input gradients it sends. Inside
+        `split.input_backward` it is an I."""
         if self.program.uses_nodes:
-            self._node_backward(chunk, mb)
-        else:
-            self._plain_backward(chunk, mb)
+            return self._node_backward(chunk, mb)
+        return self._plain_backward(chunk, mb)
 
-    def _node_backward(self, chunk: int, mb: int) -> None:
+    def _node_backward(self, chunk: int, mb: int) -> Optional[list]:
         """The loss node's backward on the last stage (else the received output gradients),
         then the chunk's nodes in reverse; then the input gradients to send."""
         prog, slot = self.program, self.slots[(chunk, mb)]
@@ -414,11 +438,11 @@ class Interpreter:
         else:
             grads = self._grads_argument(chunk, mb, self._output_grads(chunk, mb))
         input_grads = slot.chunk.backward(grads)
-        if not prog.is_first(chunk):
-            input_grads = _input_grads(slot.inputs, input_grads)
+        input_grads = None if prog.is_first(chunk) else _input_grads(slot.inputs, input_grads)
         self._backward_done(chunk, mb, input_grads)
+        return input_grads
 
-    def _plain_backward(self, chunk: int, mb: int) -> None:
+    def _plain_backward(self, chunk: int, mb: int) -> Optional[list]:
         """Autograd over the chunk from the loss or the received output gradients; then
         the input gradients to send."""
         prog, slot = self.program, self.slots[(chunk, mb)]
@@ -432,6 +456,7 @@ class Interpreter:
             input_grads = [t.grad if t.grad is not None else paddle.zeros_like(t)
                            for t in _requires_grad(slot.inputs)]
         self._backward_done(chunk, mb, input_grads)
+        return input_grads
 
     def _input_backward(self, chunk: int, mb: int) -> None:
         """I(chunk, mb): the backward with the deferrable weight gradients recorded for W."""
@@ -439,10 +464,12 @@ class Interpreter:
         if prog.split is None:
             raise RuntimeError(f"I{chunk}.{mb}: zero-bubble actions need the engine's split backward")
         self.in_flight -= 1
-        if (chunk, mb) in self._fused:
-            self._whole_backward(chunk, mb)  # its W, next, has nothing left to do
-        else:
-            prog.split.input_backward(chunk, mb, lambda: self._whole_backward(chunk, mb))
+        if (chunk, mb) in self._fused:  # its W, next, has nothing left to do
+            self._hooked_backward(chunk, mb, lambda: self._whole_backward(chunk, mb))
+            return
+        sent: list = []
+        self._hooked_backward(chunk, mb, lambda: prog.split.input_backward(
+            chunk, mb, lambda: sent.append(self._whole_backward(chunk, mb))) or sent[0])
 
     def _weight_backward(self, chunk: int, mb: int) -> None:
         """W(chunk, mb): the weight gradients its I deferred."""
@@ -464,6 +491,8 @@ class Interpreter:
             self._backward(b.chunk, b.mb)
             return
         forward_inputs = self._forward_input(f.chunk, f.mb)
+        if prog.micro_steps is not None:  # as Paddle's overlapped step: numbered hooks only
+            prog.micro_steps.pair_begin()
         fslot, bslot = self.slots[(f.chunk, f.mb)], self.slots[(b.chunk, b.mb)]
         forward_chunk = prog.schedule_chunk(f.chunk)
         forward_loss_fn_node = prog.loss_node(f.mb) if prog.is_last(f.chunk) else None
@@ -499,7 +528,7 @@ class Interpreter:
             if forward_loss is None:
                 raise RuntimeError("overlapped_forward_backward returned forward_loss None on the last "
                                    "stage: it must return forward_loss_fn_node.forward(outputs)")
-            fslot.loss_node = forward_loss_fn_node
+            fslot.loss_node, fslot.loss = forward_loss_fn_node, forward_loss
             prog.record_loss(forward_loss.detach())
             forward_outputs = None
         self._forward_done(f.chunk, f.mb, forward_outputs)

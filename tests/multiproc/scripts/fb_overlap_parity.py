@@ -102,11 +102,19 @@ def pipeline_run(hcg, vpp, m, mode, delay, use_scaler, via_fleet):
             opt = paddle.optimizer.Adam(1e-2, parameters=model.parameters())
         recorder = GradRecorder(opt, mine)
         scaler = fleet.distributed_scaler(paddle.amp.GradScaler(init_loss_scaling=1024.0)) if use_scaler else None
+        # Paddle's numbered user hooks: once per forward and backward, an F&B step's included
+        fired = {"f": [], "b": []}
+        for k in range(vpp * m):
+            engine.register_forward_pipeline_parallel_hook(k, fired["f"].append)
+            engine.register_backward_pipeline_parallel_hook(k, fired["b"].append)
         steps = []
         for step in range(STEPS):
             ids, labels = batch(step, m * MBS, SEQ, VOCAB)
             loss = engine.train_batch([ids, labels], recorder, scaler=scaler)
             steps.append((loss.numpy(), recorder.grads))
+            assert fired == {"f": list(range(vpp * m)), "b": list(range(vpp * m))}, (mode, fired)
+            fired["f"].clear()
+            fired["b"].clear()
     ours = [w for w in caught if "forward_backward_overlap_scheduler" in str(w.message)]
     return steps, {k: p.numpy().copy() for k, p in mine.items()}, engine, ours
 

@@ -17,6 +17,16 @@ Usage: fleet_surface.py
    Paddle's counts it on both stages; with PipelineSettings(count_shared_weights_once=True)
    (the plugin's opt-in pp_configs key) the engine marks it `is_firstly_shared` on its
    first stage only, and the norm is the model's, each weight once.
+6. User hooks (Paddle 3.0+'s; pipeline/micro_step_hooks.py), for vpp 1 (M = 3) and vpp 2
+   (M = 4): the numbered forward / backward hooks run once each, in order, at vpp * M
+   locations; the global callbacks (register_global_pipeline_parallel_hook where Paddle
+   has it) run at the four locations with Paddle's arguments: the first stage's forward
+   input is the micro-batch, its backward input None; the last stage's backward output is
+   the loss (summing to train_batch's), with no output gradient; the gradient the last
+   stage's BACKWARD_END reports as sent is bitwise the one the first stage's
+   BACKWARD_BEGIN reports received. eval_batch: callbacks only (step_id None for 1F1B).
+   Bubble hooks refused with Paddle's ValueError, a location past the capacity with its
+   AssertionError.
 """
 
 import sys
@@ -32,6 +42,7 @@ from examples.tiny_gpt import batch, pipeline_model  # noqa: E402
 from paddle_ext import compat  # noqa: E402
 from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings  # noqa: E402
 from paddle_ext.pipeline.fleet_surface import UnsupportedMember  # noqa: E402
+from paddle_ext.pipeline.micro_step_hooks import hook_classes  # noqa: E402
 
 VOCAB, HIDDEN, SEQ, MBS, STEPS, PP = 32, 16, 8, 2, 3, 2
 
@@ -116,6 +127,71 @@ def check_classes(hcg, stage):
     assert engine._prepare_pipeline_inputs_func is len
 
 
+def check_user_hooks(hcg, stage, vpp, m):
+    _, callbacks, locations = hook_classes()
+    from paddle.distributed.fleet.meta_parallel import pipeline_parallel
+
+    records = []
+    model, engine, opt = build(hcg, vpp, m)
+    register = getattr(pipeline_parallel, "register_global_pipeline_parallel_hook", engine.register_hook)
+    for loc in locations:
+        register(loc, lambda loc=loc, **kw: records.append((loc.name, kw)))
+    try:
+        cap = vpp * m
+        assert engine.forward_pipeline_parallel_hook_capacity == cap == engine.backward_pipeline_parallel_hook_capacity
+        assert engine.bubble_pipeline_parallel_hook_capacity == 0
+        fired = {"f": [], "b": []}
+        for k in range(cap):
+            engine.register_forward_pipeline_parallel_hook(k, lambda i: fired["f"].append(i))
+            engine.register_backward_pipeline_parallel_hook(k, lambda i: fired["b"].append(i))
+        for bad, kind in ((lambda: engine.register_bubble_pipeline_parallel_hook(0, print), ValueError),
+                          (lambda: engine.register_forward_pipeline_parallel_hook(cap, print), AssertionError)):
+            try:
+                bad()
+            except kind as err:
+                assert "Bubble hooks are not supported yet." in str(err) or "out of range" in str(err), err
+            else:
+                raise AssertionError(f"{kind.__name__} not raised")
+        ids, labels = batch(0, m * MBS, SEQ, VOCAB)
+        loss = engine.train_batch([ids, labels], opt)
+        assert fired == {"f": list(range(cap)), "b": list(range(cap))}, fired
+        by = {loc.name: [kw for name, kw in records if name == loc.name] for loc in locations}
+        for where in by:
+            assert [kw["step_id"] for kw in by[where]] == list(range(cap)), (where, by[where])
+        for begin, end in zip(by["FORWARD_BEGIN"], by["FORWARD_END"]):
+            assert begin["input_tensor"] is end["input_tensor"] and end["output_tensor"] is not None
+        first, last = stage == 0, stage == PP - 1
+        if vpp == 1:
+            for k, kw in enumerate(by["FORWARD_BEGIN"]):
+                if first:
+                    assert np.array_equal(kw["input_tensor"].numpy(), ids[k * MBS:(k + 1) * MBS].numpy()), k
+            for kw in by["BACKWARD_BEGIN"] + by["BACKWARD_END"]:
+                assert (kw["input_tensor"] is None) == first
+                assert (kw["output_tensor_grad"] is None) == last
+            for kw in by["BACKWARD_END"]:
+                assert (kw["input_tensor_grad"] is None) == first
+            if last:  # delay_scale_loss: train_batch's loss is the mean of the per-micro-batch losses
+                total = sum(float(kw["output_tensor"]) for kw in by["BACKWARD_BEGIN"])
+                assert abs(total / m - float(loss)) <= 1e-6 * abs(float(loss)), (total, float(loss))
+            key = "output_tensor_grad" if first else "input_tensor_grad"
+            grads = [kw[key] for kw in by["BACKWARD_BEGIN" if first else "BACKWARD_END"]]
+            grads = [t for g in grads for t in (g if isinstance(g, tuple) else (g,))]  # a tuple payload: tuples
+            mine = paddle.concat([t.flatten() for t in grads])
+            both = []
+            paddle.distributed.all_gather(both, mine, group=hcg.get_pipe_parallel_group())
+            assert np.array_equal(both[0].numpy(), both[1].numpy()), "sent and received gradients differ"
+        records.clear()
+        fired["f"].clear()
+        fired["b"].clear()
+        engine.eval_batch([ids, labels], compute_loss=True)
+        assert not fired["f"] and not fired["b"], fired
+        assert [name for name, _ in records] == ["FORWARD_BEGIN", "FORWARD_END"] * cap, records
+        assert all(kw["step_id"] == (None if vpp == 1 else i // 2) for i, (_, kw) in enumerate(records)), records
+    finally:
+        for loc in locations:
+            callbacks.hooks[loc].clear()  # global: the other checks run without them
+
+
 def main():
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": PP,
@@ -184,6 +260,9 @@ def main():
     print(f"rank {stage}: global norm {paddle_norm:.6f} (Paddle: the tied weight on "
           f"{'both stages' if twice else 'its first stage'}), {once_norm:.6f} with count_shared_weights_once "
           f"= the model's {true_norm:.6f}", flush=True)
+    for vpp, m in ((1, 3), (2, 4)):
+        check_user_hooks(hcg, stage, vpp, m)
+        print(f"rank {stage}: vpp={vpp} M={m}: user hooks and callbacks as Paddle runs them", flush=True)
     print(f"rank {stage}: all surface checks passed", flush=True)
 
 
