@@ -18,7 +18,9 @@ them; a key the strategy itself sets wins over both.
 
 from __future__ import annotations
 
+import operator
 import os
+import warnings
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
@@ -220,7 +222,12 @@ def split_pp_configs(strategy: Any, pp_configs: Mapping[str, Any] | str,
                      native_keys: set[str]) -> dict[str, Any]:
     """Checks user pp_configs; keeps the keys this Paddle's protobuf lacks beside
     `strategy` and returns the ones it can store itself. A str is read as a PaddleNLP
-    pipeline_parallel_config string (parse_pipeline_parallel_config)."""
+    pipeline_parallel_config string (parse_pipeline_parallel_config).
+
+    As Paddle 3.x: a key no release and not the plugin knows is ignored (with a warning
+    naming it), and a bool key takes what the protobuf takes (True / False, or an integer:
+    1 is True), refusing the rest with a TypeError. The plugin's own keys are checked
+    strictly (_check_plugin_pp_configs)."""
     if isinstance(pp_configs, str):
         pp_configs = parse_pipeline_parallel_config(pp_configs)
     if not isinstance(pp_configs, Mapping):
@@ -229,16 +236,32 @@ def split_pp_configs(strategy: Any, pp_configs: Mapping[str, Any] | str,
     allowed = set(PP_CONFIG_DEFAULTS) | set(PLUGIN_PP_CONFIG_DEFAULTS) | native_keys
     unknown = sorted(k for k in pp_configs if k not in allowed)
     if unknown:
-        raise ValueError(f"unknown hybrid_configs['pp_configs'] keys {unknown}; allowed: {sorted(allowed)}")
-    for key, value in pp_configs.items():
-        default = PP_CONFIG_DEFAULTS.get(key)
-        if isinstance(default, bool) and not isinstance(value, bool):
-            raise TypeError(f"hybrid_configs['pp_configs'][{key!r}] must be True or False, got {value!r}")
+        warnings.warn(f"hybrid_configs['pp_configs'] keys {unknown} are not keys of this Paddle's pp_configs nor "
+                      f"paddle_ext's: ignored, as Paddle ignores them (known: {sorted(allowed)})", UserWarning,
+                      stacklevel=4)  # the user line (through the strategy's __setattr__)
+    pp_configs = {k: _paddle_value(k, v) for k, v in pp_configs.items() if k not in unknown}
     _check_plugin_pp_configs(pp_configs, "hybrid_configs['pp_configs']")
     extra = {k: v for k, v in pp_configs.items() if k not in native_keys}
     if extra:
         _extra_pp_configs(strategy).update(extra)
     return {k: v for k, v in pp_configs.items() if k in native_keys}
+
+
+def _paddle_value(key: str, value: Any) -> Any:
+    """A value of Paddle's own pp_configs key as its protobuf stores it: a bool field
+    takes anything with __index__ (bool, int, numpy integers) as bool, a str field only a
+    str; else the TypeError the protobuf raises (named here). The plugin's keys pass."""
+    default = PP_CONFIG_DEFAULTS.get(key)
+    where = f"hybrid_configs['pp_configs'][{key!r}]"
+    if isinstance(default, bool):
+        try:
+            return bool(operator.index(value))
+        except TypeError:
+            raise TypeError(f"{where} must be True or False (or an integer, as Paddle's protobuf takes it), got "
+                            f"{value!r}") from None
+    if isinstance(default, str) and not isinstance(value, str):
+        raise TypeError(f"{where} must be a str, got {value!r}")
+    return value
 
 
 def _check_plugin_pp_configs(values: Mapping[str, Any], where: str) -> None:

@@ -9,8 +9,9 @@ paddle_ext's PipelineEngine: one schedule IR for FthenB, 1F1B (any accumulate_st
 and a runtime that runs on gloo (CPU) as on NCCL. Also: PipelineLayer reads
 ParallelEnv().device_id, which a CPU build never sets; and strategy
 hybrid_configs['pp_configs'] accepts Paddle 3.3's keys on every release (kept
-beside the strategy where the protobuf lacks them) and rejects unknown ones,
-which 3.x silently drops.
+beside the strategy where the protobuf lacks them); unknown ones are ignored, as
+3.x ignores them, with a warning naming them, and values are taken as the protobuf
+takes them (1 for True).
 
 The engine also carries #55651 (dp/sharding overlap in virtual pp), #56096 (dp and
 sharding together) and #57048 (fused gradient buffers): it reduces the gradients over

@@ -517,3 +517,19 @@ def test_sharding_overlap_with_sep_is_refused_as_fleet_refuses_it():
             reducer.begin_step(None, [GradSync(0)])
     finally:
         reducer.close()
+
+
+@pytest.mark.parametrize("which", ["dp_overlap", "sharding_overlap"])
+def test_overlap_without_its_group_is_refused_as_fleet_asserts_it(which):
+    """fleet's PipelineParallel asserts use_data_parallel (use_sharding_parallel) under
+    dp_comm_overlap (sharding_comm_overlap): the plugin's error is an AssertionError too,
+    and a ValueError naming the key."""
+
+    class Hcg(_FakeHcg):
+        def get_data_parallel_world_size(self):
+            return 1
+
+    name = "dp_comm_overlap" if which == "dp_overlap" else "sharding_comm_overlap"
+    for catch in (AssertionError, ValueError):
+        with pytest.raises(catch, match=rf"pp_configs.{name} = True needs"):
+            GradReducer.for_engine(_Layers(_mlp(1)), Hcg(), 2, False, GradSyncSettings(**{which: True}))

@@ -1,5 +1,9 @@
-"""pp_configs keys of Paddle 3.3 work on every release; unknown ones raise."""
+"""pp_configs keys of Paddle 3.3 work on every release; unknown ones are ignored with a
+warning and values are taken as Paddle's protobuf takes them."""
 
+import re
+
+import numpy as np
 import paddle.distributed.fleet as fleet
 import pytest
 
@@ -41,14 +45,40 @@ def test_defaults_match_paddle_3_3():
         assert pp_config(strategy, key) == default, key
 
 
-def test_unknown_key_raises_naming_it():
-    with pytest.raises(ValueError, match=r"unknown hybrid_configs\['pp_configs'\] keys \['overlap_p2p'\]"):
-        strategy_with({"overlap_p2p": True})
+def test_unknown_key_is_ignored_as_paddle_ignores_it_with_a_warning_naming_it():
+    """Paddle 3.x's assign_configs_value skips a key its protobuf lacks, silently: the plugin
+    takes the same strategy (never refuses what Paddle accepts) and says what it ignored."""
+    with pytest.warns(UserWarning, match=r"pp_configs'\] keys \['overlap_p2p'\] are not keys of this Paddle's "
+                      r"pp_configs nor paddle_ext's: ignored") as caught:
+        strategy = strategy_with({"overlap_p2p": True, "delay_scale_loss": True})
+    assert "paddle_ext" not in caught[0].filename  # points at the caller, not the plugin
+    assert pp_config(strategy, "delay_scale_loss") is True and pp_config(strategy, "overlap_p2p_comm") is False
 
 
-def test_non_bool_value_raises():
-    with pytest.raises(TypeError, match=r"\['delay_scale_loss'\] must be True or False, got 'yes'"):
-        strategy_with({"delay_scale_loss": "yes"})
+@pytest.mark.parametrize("value", [1, 0, np.int64(1), np.bool_(False), True])
+def test_a_bool_key_takes_what_paddles_protobuf_takes(value):
+    for key in ("delay_scale_loss", "release_gradients"):  # release_gradients: beside the strategy on 2.6
+        assert pp_config(strategy_with({key: value}), key) is bool(value), key
+    paddle_ext.disable()
+    try:  # stock Paddle, where its protobuf has the key
+        stock = fleet.DistributedStrategy()
+        stock.hybrid_configs = {"pp_configs": {"delay_scale_loss": value}}
+        assert stock.hybrid_configs["pp_configs"].delay_scale_loss is bool(value)
+    finally:
+        paddle_ext.enable()
+
+
+@pytest.mark.parametrize("value", ["yes", 1.0, None, [1]])
+def test_a_value_paddles_protobuf_refuses_raises_its_type_error(value):
+    with pytest.raises(TypeError, match=rf"\['delay_scale_loss'\] must be True or False \(or an integer, as "
+                       rf"Paddle's protobuf takes it\), got {re.escape(repr(value))}"):
+        strategy_with({"delay_scale_loss": value})
+    paddle_ext.disable()
+    try:
+        with pytest.raises(TypeError):
+            fleet.DistributedStrategy().hybrid_configs = {"pp_configs": {"delay_scale_loss": value}}
+    finally:
+        paddle_ext.enable()
 
 
 def test_dualpipev_selects_the_v_schedule_and_names_conflicts():

@@ -5,18 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable
 
-
-class InvalidArgumentError(ValueError, AssertionError):
-    """A bad argument value or shape.
-
-    Paddle refuses such arguments in two ways: its Python wrappers `assert`
-    (AssertionError: rotary position_ids without sin / cos, flashmask's
-    startend_row_indices checks, ...) and its C++ checks raise InvalidArgument,
-    which reaches Python as ValueError. Code written against Paddle, its own
-    tests included, catches whichever its call raises there, so the plugin's
-    errors are both: `except ValueError` and `except AssertionError` each catch
-    them, with the plugin's message (argument, value, allowed range).
-    """
+from paddle_ext.errors import InvalidArgumentError
 
 
 class ArgumentTypeError(TypeError, InvalidArgumentError):

@@ -36,6 +36,7 @@ import paddle
 
 from paddle_ext import compat
 from paddle_ext.comm import eager, trace
+from paddle_ext.errors import InvalidArgumentError
 from paddle_ext.pipeline.fleet_surface import (
     PipelineParallelSurface,
     adopt_fleet_class,
@@ -256,7 +257,7 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
                     loss_fn_idx: int = 0, return_micro_batch_loss: bool = False) -> paddle.Tensor:
         loss_fns = compat.pipeline_loss_fns(self._layers)
         if not 0 <= loss_fn_idx < len(loss_fns) or loss_fns[loss_fn_idx] is None:
-            raise ValueError(f"loss_fn_idx = {loss_fn_idx} names no loss function of the PipelineLayer "
+            raise InvalidArgumentError(f"loss_fn_idx = {loss_fn_idx} names no loss function of the PipelineLayer "
                              f"(it has {len(loss_fns)})")
         self.loss_fn_idx = loss_fn_idx
         self._layers.train()

@@ -72,6 +72,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 from paddle_ext import compat
 from paddle_ext.comm import trace
 from paddle_ext.comm.collectives import CollectiveError, make_worker
+from paddle_ext.errors import InvalidArgumentError
 from paddle_ext.pipeline.grad_buffers import DEFAULT_BUCKET_BYTES, GradBucket, build_buckets
 
 __all__ = ["ENV_BUCKET_MB", "BucketRecord", "GradReducer", "GradSyncError", "GradSyncSettings", "SyncStats",
@@ -166,10 +167,10 @@ class GradReducer:
         self.clock = clock
         self.dp = hcg.get_data_parallel_world_size()
         self.sharding = hcg.get_sharding_parallel_world_size()
-        if settings.dp_overlap and self.dp == 1:
-            raise ValueError("pp_configs.dp_comm_overlap = True needs dp_degree > 1")
+        if settings.dp_overlap and self.dp == 1:  # fleet's PipelineParallel asserts it
+            raise InvalidArgumentError("pp_configs.dp_comm_overlap = True needs dp_degree > 1")
         if settings.sharding_overlap and self.sharding == 1:
-            raise ValueError("pp_configs.sharding_comm_overlap = True needs sharding_degree > 1")
+            raise InvalidArgumentError("pp_configs.sharding_comm_overlap = True needs sharding_degree > 1")
         self.overlap = settings.dp_overlap or settings.sharding_overlap
         self.sharding_rank = hcg.get_sharding_parallel_rank() if self.sharding > 1 else 0
         self.sep = compat.sep_degree(hcg)
@@ -212,8 +213,8 @@ class GradReducer:
         if hcg.get_data_parallel_world_size() * hcg.get_sharding_parallel_world_size() == 1:
             if settings.dp_overlap or settings.sharding_overlap:
                 which = "dp_comm_overlap" if settings.dp_overlap else "sharding_comm_overlap"
-                raise ValueError(f"pp_configs.{which} = True needs "
-                                 f"{'dp' if settings.dp_overlap else 'sharding'}_degree > 1")
+                raise InvalidArgumentError(f"pp_configs.{which} = True needs "
+                                           f"{'dp' if settings.dp_overlap else 'sharding'}_degree > 1")
             return None
         return cls(layers, hcg, microbatches, delay_scale_loss, settings)
 

@@ -123,6 +123,12 @@ def check_classes(hcg, stage):
         assert "static_scheduler=True" in str(err), err
     else:
         raise AssertionError("static_scheduler=True did not raise")
+    try:
+        engine.train_batch([None, None], None, loss_fn_idx=3)
+    except AssertionError as err:  # Paddle's train_batch asserts it: the plugin's error is one too
+        assert "loss_fn_idx = 3 names no loss function" in str(err), err
+    else:
+        raise AssertionError("loss_fn_idx = 3 did not raise")
     engine._prepare_pipeline_inputs_func = len  # trainers assign it
     assert engine._prepare_pipeline_inputs_func is len
 
