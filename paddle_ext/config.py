@@ -18,7 +18,6 @@ them; a key the strategy itself sets wins over both.
 
 from __future__ import annotations
 
-import operator
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -248,20 +247,27 @@ def split_pp_configs(strategy: Any, pp_configs: Mapping[str, Any] | str,
 
 
 def _paddle_value(key: str, value: Any) -> Any:
-    """A value of Paddle's own pp_configs key as its protobuf stores it: a bool field
-    takes anything with __index__ (bool, int, numpy integers) as bool, a str field only a
-    str; else the TypeError the protobuf raises (named here). The plugin's keys pass."""
+    """A value of Paddle's own pp_configs key as its protobuf stores it, or the error it
+    raises (its type, the message naming the key). The protobuf runtime of this process
+    decides, through a wrapper message of the same field type: what a bool field takes
+    differs between runtimes and numpy releases (integers and numpy integers everywhere;
+    numpy 2's np.bool_ has no __index__, which upb takes by name and the pure-Python
+    runtime refuses); a str field also takes UTF-8 bytes. The plugin's keys pass."""
+    from google.protobuf import wrappers_pb2
+
     default = PP_CONFIG_DEFAULTS.get(key)
-    where = f"hybrid_configs['pp_configs'][{key!r}]"
     if isinstance(default, bool):
-        try:
-            return bool(operator.index(value))
-        except TypeError:
-            raise TypeError(f"{where} must be True or False (or an integer, as Paddle's protobuf takes it), got "
-                            f"{value!r}") from None
-    if isinstance(default, str) and not isinstance(value, str):
-        raise TypeError(f"{where} must be a str, got {value!r}")
-    return value
+        wrapper, wanted = wrappers_pb2.BoolValue, "True or False (or an integer, as Paddle's protobuf takes it)"
+    elif isinstance(default, str):
+        wrapper, wanted = wrappers_pb2.StringValue, "a str"
+    else:
+        return value
+    message = wrapper()
+    try:
+        message.value = value  # as Paddle's assign_configs_value sets it (a None in the constructor is unset)
+        return message.value
+    except (TypeError, ValueError) as err:
+        raise (ValueError if isinstance(err, ValueError) else TypeError)(f"hybrid_configs['pp_configs'][{key!r}] must be {wanted}, got {value!r}") from None
 
 
 def _check_plugin_pp_configs(values: Mapping[str, Any], where: str) -> None:

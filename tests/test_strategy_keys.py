@@ -55,7 +55,7 @@ def test_unknown_key_is_ignored_as_paddle_ignores_it_with_a_warning_naming_it():
     assert pp_config(strategy, "delay_scale_loss") is True and pp_config(strategy, "overlap_p2p_comm") is False
 
 
-@pytest.mark.parametrize("value", [1, 0, np.int64(1), np.bool_(False), True])
+@pytest.mark.parametrize("value", [1, 0, np.int64(1), np.bool_(False), np.bool_(True), True])
 def test_a_bool_key_takes_what_paddles_protobuf_takes(value):
     for key in ("delay_scale_loss", "release_gradients"):  # release_gradients: beside the strategy on 2.6
         assert pp_config(strategy_with({key: value}), key) is bool(value), key
@@ -64,6 +64,28 @@ def test_a_bool_key_takes_what_paddles_protobuf_takes(value):
         stock = fleet.DistributedStrategy()
         stock.hybrid_configs = {"pp_configs": {"delay_scale_loss": value}}
         assert stock.hybrid_configs["pp_configs"].delay_scale_loss is bool(value)
+    finally:
+        paddle_ext.enable()
+
+
+def test_a_str_key_takes_what_paddles_protobuf_takes():
+    """sync_mode: a str, or UTF-8 bytes (stored as their str); bytes that are not UTF-8 are the
+    protobuf's ValueError, anything else its TypeError, each naming the key."""
+    assert pp_config(strategy_with({"sync_mode": b"average"}), "sync_mode") == "average"
+    with pytest.raises(ValueError, match=r"\['sync_mode'\] must be a str, got b'\\xff'"):
+        strategy_with({"sync_mode": b"\xff"})
+    with pytest.raises(TypeError, match=r"\['sync_mode'\] must be a str, got 1"):
+        strategy_with({"sync_mode": 1})
+    paddle_ext.disable()
+    try:
+        stock = fleet.DistributedStrategy()
+        if not hasattr(stock.strategy.hybrid_configs.pp_configs, "sync_mode"):
+            return  # 2.6: the plugin keeps the key beside the strategy
+        stock.hybrid_configs = {"pp_configs": {"sync_mode": b"average"}}
+        assert stock.hybrid_configs["pp_configs"].sync_mode == "average"
+        for bad, error in ((b"\xff", ValueError), (1, TypeError)):
+            with pytest.raises(error):
+                fleet.DistributedStrategy().hybrid_configs = {"pp_configs": {"sync_mode": bad}}
     finally:
         paddle_ext.enable()
 
