@@ -202,33 +202,44 @@ def parse_pipeline_parallel_config(text: str) -> dict[str, Any]:
     "forward_backward_overlap_scheduler enable_overlap_p2p_comm" ->
     {"forward_backward_overlap_scheduler": True, "overlap_p2p_comm": True}.
     Words are separated by commas or spaces; an unknown word raises ValueError."""
-    if not isinstance(text, str):
-        raise TypeError(f"pipeline_parallel_config must be a str, got {type(text).__name__}")
-    words = [w.strip() for w in text.replace(",", " ").split()]
-    unknown = [w for w in words if w not in PIPELINE_PARALLEL_CONFIG_WORDS]
+    out, unknown = _pipeline_parallel_words(text)
     if unknown:
         raise ValueError(f"unknown pipeline_parallel_config words {unknown}; known: "
                          f"{sorted(PIPELINE_PARALLEL_CONFIG_WORDS)}")
+    return out
+
+
+def _pipeline_parallel_words(text: str) -> tuple[dict[str, Any], list[str]]:
+    """(pp_configs of the known words, the unknown words) of a pipeline_parallel_config string."""
+    if not isinstance(text, str):
+        raise TypeError(f"pipeline_parallel_config must be a str, got {type(text).__name__}")
+    words = [w.strip() for w in text.replace(",", " ").split()]
     out: dict[str, Any] = {}
     for w in words:
-        target = PIPELINE_PARALLEL_CONFIG_WORDS[w]
+        target = PIPELINE_PARALLEL_CONFIG_WORDS.get(w)
         if target is not None:
             out[target[0]] = target[1]
-    return out
+    return out, [w for w in words if w not in PIPELINE_PARALLEL_CONFIG_WORDS]
 
 
 def split_pp_configs(strategy: Any, pp_configs: Mapping[str, Any] | str,
                      native_keys: set[str]) -> dict[str, Any]:
     """Checks user pp_configs; keeps the keys this Paddle's protobuf lacks beside
     `strategy` and returns the ones it can store itself. A str is read as a PaddleNLP
-    pipeline_parallel_config string (parse_pipeline_parallel_config).
+    pipeline_parallel_config string (its unknown words ignored with a warning).
 
     As Paddle 3.x: a key no release and not the plugin knows is ignored (with a warning
     naming it), and a bool key takes what the protobuf takes (True / False, or an integer:
     1 is True), refusing the rest with a TypeError. The plugin's own keys are checked
     strictly (_check_plugin_pp_configs)."""
     if isinstance(pp_configs, str):
-        pp_configs = parse_pipeline_parallel_config(pp_configs)
+        # Paddle iterates a str's characters, none a key: it ignores the string. The
+        # plugin reads its PaddleNLP words and, as Paddle, ignores the others (warning).
+        pp_configs, unknown_words = _pipeline_parallel_words(pp_configs)
+        if unknown_words:
+            warnings.warn(f"hybrid_configs['pp_configs'] words {unknown_words} are not PaddleNLP "
+                          f"pipeline_parallel_config words: ignored, as Paddle ignores a str there (known: "
+                          f"{sorted(PIPELINE_PARALLEL_CONFIG_WORDS)})", UserWarning, stacklevel=4)
     if not isinstance(pp_configs, Mapping):
         raise TypeError(f"hybrid_configs['pp_configs'] must be a dict (or a pipeline_parallel_config "
                         f"string), got {type(pp_configs).__name__}")

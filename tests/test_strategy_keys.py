@@ -55,6 +55,22 @@ def test_unknown_key_is_ignored_as_paddle_ignores_it_with_a_warning_naming_it():
     assert pp_config(strategy, "delay_scale_loss") is True and pp_config(strategy, "overlap_p2p_comm") is False
 
 
+def test_a_pipeline_parallel_config_string_takes_its_words_and_ignores_unknown_ones_with_a_warning():
+    """A str is the plugin's reading (PaddleNLP words); Paddle ignores a str there, so an
+    unknown word is ignored too (a warning naming it), never refused."""
+    with pytest.warns(UserWarning, match=r"words \['enable_overlap'\] are not PaddleNLP pipeline_parallel_config "
+                      r"words: ignored") as caught:
+        strategy = strategy_with("enable_delay_scale_loss enable_overlap")
+    assert "paddle_ext" not in caught[0].filename
+    assert pp_config(strategy, "delay_scale_loss") is True and pp_config(strategy, "overlap_p2p_comm") is False
+    paddle_ext.disable()
+    try:  # stock Paddle takes the same string (and changes nothing)
+        stock = strategy_with("enable_delay_scale_loss enable_overlap")
+        assert stock.hybrid_configs["pp_configs"].delay_scale_loss is False
+    finally:
+        paddle_ext.enable()
+
+
 @pytest.mark.parametrize("value", [1, 0, np.int64(1), np.bool_(False), np.bool_(True), True])
 def test_a_bool_key_takes_what_paddles_protobuf_takes(value):
     for key in ("delay_scale_loss", "release_gradients"):  # release_gradients: beside the strategy on 2.6
