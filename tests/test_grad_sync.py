@@ -533,3 +533,54 @@ def test_overlap_without_its_group_is_refused_as_fleet_asserts_it(which):
     for catch in (AssertionError, ValueError):
         with pytest.raises(catch, match=rf"pp_configs.{name} = True needs"):
             GradReducer.for_engine(_Layers(_mlp(1)), Hcg(), 2, False, GradSyncSettings(**{which: True}))
+
+
+class _DpShardingHcg(_FakeHcg):
+    """dp 2 x sharding 2, no sep."""
+
+    def get_sharding_parallel_world_size(self):
+        return 2
+
+    def get_sharding_parallel_rank(self):
+        return 0
+
+    def get_sharding_parallel_group(self):
+        return _FakeGroup(2)
+
+
+class DygraphShardingOptimizerV2:  # found by its name, as Paddle's class
+    """sharding_configs.split_param's optimizer, built without (pp_overlap False) or with
+    the strategy's pp_configs.sharding_comm_overlap."""
+
+    def __init__(self, pp_overlap):
+        self.pp_overlap = pp_overlap
+
+
+class _Hybrid:
+    def __init__(self, inner):
+        self._inner_opt = inner
+        self._dp_enable = self._sharding_enable = True
+
+
+def test_split_param_without_the_pipelines_buffers_is_reduced_by_the_optimizer_and_refuses_overlap():
+    """A DygraphShardingOptimizerV2 that kept buffers of its own reduces them at its step:
+    the engine reduces nothing and leaves the optimizer's reduction on; asked to overlap it
+    (dp_comm_overlap), the engine refuses, naming the strategy key that gives it the buffers.
+    (Paddle's own path there fails too, at the first backward: the optimizer, built after the
+    pipeline, relinks every gradient into its buffers, and the pipeline's dp buffers raise
+    ValueError on the changed gradient address.)"""
+    plain = GradReducer(_Layers(_mlp(1)), _DpShardingHcg(), 2, delay_scale_loss=False, settings=GradSyncSettings())
+    overlapped = GradReducer(_Layers(_mlp(1)), _DpShardingHcg(), 2, delay_scale_loss=False,
+                             settings=GradSyncSettings(dp_overlap=True))
+    try:
+        optimizer = _Hybrid(DygraphShardingOptimizerV2(pp_overlap=False))
+        plain.begin_step(optimizer, [GradSync(0)])
+        assert plain.deferred and plain.buckets is None
+        assert optimizer._dp_enable and optimizer._sharding_enable
+        with pytest.raises(GradSyncError, match=r"dp_comm_overlap / sharding_comm_overlap with "
+                           r"sharding_configs.split_param = True: .* set pp_configs.sharding_comm_overlap = True "
+                           r"in the strategy before fleet.init"):
+            overlapped.begin_step(optimizer, [GradSync(0)])
+    finally:
+        plain.close()
+        overlapped.close()
