@@ -153,6 +153,8 @@ class SyncStats:
     overlap: bool
     records: list[BucketRecord]
     finish_seconds: float  # the time train_batch spent in finish(): exposed communication
+    finish_started: float = 0.0  # when finish() began (the clock of the records): a bucket started
+    # before it was launched by its worker during the step, not by the wait for it
 
 
 class GradReducer:
@@ -406,7 +408,7 @@ class GradReducer:
         for b in self.buckets:
             b.learn(self.microbatches)
         self._learned += 1
-        self.last = SyncStats(self.overlap, self._collect_records(), self.clock() - start)
+        self.last = SyncStats(self.overlap, self._collect_records(), self.clock() - start, finish_started=start)
 
     def close(self, join: bool = True) -> None:
         """Ends the worker threads (also when the reducer is garbage collected)."""

@@ -1,7 +1,8 @@
 """Runs a rank script under `python -m paddle.distributed.launch` on gloo.
 
 Every run has a deadline; on expiry the launcher's whole process group (the
-launcher and every rank) is killed, so a hang fails the test instead of CI.
+launcher and every rank) is terminated, then killed, so a hang fails the test instead
+of CI, with each rank's C++ stack in its log.
 
 A run whose job store lost its port is run again (twice at most): the launcher picks
 PADDLE_MASTER's port by binding and closing a socket, and rank 0's TCPStore binds it
@@ -42,6 +43,7 @@ class LaunchResult:
 
 
 MASTER_PORT_RETRIES = 2
+TERM_GRACE = 5.0  # seconds between SIGTERM and SIGKILL of a job past its deadline
 
 
 def launch(script: str, *args: str, nproc: int = 2, timeout: float = 120.0,
@@ -86,8 +88,14 @@ def _launch_once(script: str, *args: str, nproc: int, timeout: float,
         output, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         timed_out = True
-        os.killpg(proc.pid, signal.SIGKILL)
-        output, _ = proc.communicate()
+        # SIGTERM first: Paddle's handler writes each rank's C++ stack into its workerlog,
+        # which says where a hang sits; whatever still runs after a few seconds is killed
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            output, _ = proc.communicate(timeout=TERM_GRACE)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            output, _ = proc.communicate()
     finally:
         try:  # ranks the launcher left behind
             os.killpg(proc.pid, signal.SIGKILL)
