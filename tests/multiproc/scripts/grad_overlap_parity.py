@@ -340,7 +340,7 @@ def split_param_configs(hcg, configs, dp, sh, shard, use_scaler):
             worst = within_reference(f"rank {me} {tag} ({name})", params, losses, ref, ref_losses, stage, shard)
             runs[name] = (params, worst)
             if overlap and (vpp > 1 or bucket_kb):
-                runs["timing"] = check_overlap(engine, stage, bool(bucket_kb), hidden >= 128)
+                runs["timing"] = check_overlap(engine, stage, bool(bucket_kb))
         for key, value in runs["engine"][0].items():
             for other in ("engine overlapped", "engine overlapped early"):
                 assert np.array_equal(value, runs[other][0][key]), (
