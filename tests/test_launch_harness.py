@@ -1,7 +1,23 @@
-"""The multi-process harness runs a job again only when its job store lost the port the
-launcher chose for it (tests/multiproc/launch.py), never for a failure of the job."""
+"""The multi-process harness (tests/multiproc/launch.py) runs a job again only when its
+job store lost the port the launcher chose for it, or when a rank crashed after its
+script and every exit handler returned (once, with a warning); never for a failure of
+the job."""
 
-from tests.multiproc.launch import LaunchResult, lost_master_port
+import os
+import shutil
+import signal
+import warnings
+
+import pytest
+
+from tests.multiproc.launch import (
+    FINISHED_MARK,
+    LaunchResult,
+    crashed_rank,
+    exit_crash,
+    launch,
+    lost_master_port,
+)
 
 LAUNCHER = ("LAUNCH INFO ------------------------- ERROR LOG DETAIL -------------------------\n"
             "{'PADDLE_MASTER': '127.0.0.1:46022', 'PADDLE_GLOBAL_RANK': '0'}\n")
@@ -24,3 +40,66 @@ def test_any_other_failure_is_the_jobs():
     assert lost_master_port(result(1, BIND_FAILED.replace("46022", "46023"))) is None  # another port: a gloo pair's
     assert lost_master_port(result(1, "AssertionError: grads differ")) is None
     assert lost_master_port(result(1, BIND_FAILED, output="LAUNCH INFO Exit code 1\n")) is None  # no master named
+
+
+def failed(rank: int, code: int) -> str:
+    return (f"LAUNCH ERROR Container failed !!!\nContainer rank {rank} status failed cmd ['python', '-u', "
+            f"'_rank_entry.py'] code {code} log log/workerlog.{rank}\nLAUNCH INFO Exit code {code}\n")
+
+
+def crashed(rc: int, output: str, rank1: str, timed_out: bool = False) -> LaunchResult:
+    return LaunchResult(rc, 5.4, output, {0: f"done\n{FINISHED_MARK}\n", 1: rank1}, timed_out)
+
+
+def test_a_crash_signal_after_the_mark_is_an_exit_crash_of_that_rank():
+    res = crashed(245, failed(1, -11), f"done\n{FINISHED_MARK}\n")
+    assert crashed_rank(res) == (1, signal.SIGSEGV) and exit_crash(res)
+    res = crashed(250, failed(1, -6), f"done\n{FINISHED_MARK}\n")
+    assert crashed_rank(res) == (1, signal.SIGABRT) and exit_crash(res)
+    assert exit_crash(crashed(245, failed(0, -11), "done\n"))  # rank 0 finished; it is the one that crashed
+
+
+def test_a_crash_before_the_mark_or_another_ending_is_the_jobs():
+    res = crashed(245, failed(1, -11), "done\n")  # died in the script or an exit handler
+    assert crashed_rank(res) == (1, signal.SIGSEGV) and not exit_crash(res)
+    for res in (crashed(241, failed(1, -15), f"{FINISHED_MARK}\n"),  # terminated: not a crash
+                crashed(1, failed(1, 1), f"{FINISHED_MARK}\n"),  # the script's exit code
+                crashed(245, failed(1, -11), f"{FINISHED_MARK}\n", timed_out=True),
+                crashed(245, "LAUNCH INFO Exit code -11\n", f"{FINISHED_MARK}\n")):  # no rank named
+        assert crashed_rank(res) is None and not exit_crash(res), res.output
+
+
+def _cores_here() -> bool:
+    with open("/proc/sys/kernel/core_pattern") as f:
+        return f.read().strip() in ("core", "core.%p") and shutil.which("gdb") is not None
+
+
+def test_a_rank_crashing_in_teardown_is_launched_again_once_with_its_stack(tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = launch("exit_crash.py", str(tmp_path), "teardown", timeout=60)
+    assert res.returncode == 0, res.describe()
+    assert os.path.exists(tmp_path / "crashed")  # the first launch crashed, the second did not
+    messages = [str(w.message) for w in caught if issubclass(w.category, RuntimeWarning)]
+    assert len(messages) == 1 and "rank 1 died of SIGSEGV after its script and exit handlers returned" in messages[0]
+    if _cores_here():
+        assert "kill" in messages[0] and "Py_FinalizeEx" in messages[0], messages[0]
+
+
+def test_a_rank_crashing_in_its_script_fails_the_launch(tmp_path):
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        res = launch("exit_crash.py", str(tmp_path), "script", timeout=60)
+    assert res.returncode != 0 and not res.timed_out, res.describe()
+    assert FINISHED_MARK not in res.logs[1] and FINISHED_MARK in res.logs[0]
+    assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    if _cores_here():  # the crash's stack comes with the failure, its core file is gone
+        assert "kill" in res.crash_stack and "main" in res.crash_stack, res.crash_stack
+        assert res.crash_stack in res.describe()
+
+
+@pytest.fixture(autouse=True)
+def _no_core_left_behind():
+    before = set(os.listdir("."))
+    yield
+    assert not [p for p in set(os.listdir(".")) - before if p == "core" or p.startswith("core.")]
