@@ -22,7 +22,6 @@ rank's stack from its core file where the machine writes one into the working di
 
 from __future__ import annotations
 
-import glob
 import os
 import re
 import resource
@@ -109,17 +108,15 @@ def exit_crash(result: LaunchResult) -> bool:
 
 
 def core_stack(since: float) -> str:
-    """The crashed thread's stack (gdb) from a core file written into the working
-    directory since `since`, which is then removed."""
-    cores = [p for p in glob.glob("core") + glob.glob("core.*") if os.path.getmtime(p) >= since]
+    """The crashed thread's stack (gdb) from a core file ("core" or "core.PID", an ELF
+    file) written into the working directory since `since`, which is then removed."""
+    cores = [p for p in os.listdir(".") if re.fullmatch(r"core(\.\d+)?", p)
+             and os.path.getmtime(p) >= since and _is_elf(p)]
     if not cores:
         with open("/proc/sys/kernel/core_pattern") as f:
             return f"no core file in {os.getcwd()} (core_pattern: {f.read().strip()})"
     core = max(cores, key=os.path.getmtime)
     try:
-        with open(core, "rb") as f:
-            if f.read(4) != b"\x7fELF":
-                return f"{core} is not a core file"
         if shutil.which("gdb") is None:
             return f"{core}: no gdb to read it"
         out = subprocess.run(["gdb", "-batch", "-nx", "-ex", "bt 30", sys.executable, core],
@@ -132,6 +129,11 @@ def core_stack(since: float) -> str:
         return f"{core}: {err}"
     finally:
         os.remove(core)
+
+
+def _is_elf(path: str) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == b"\x7fELF"
 
 
 def lost_master_port(result: LaunchResult) -> int | None:
