@@ -45,8 +45,12 @@ def tensor_parallel_inputs(rank: int) -> None:
 def main(mode: str) -> None:
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 2, "pp_degree": 1}
-    fleet.init(is_collective=True, strategy=strategy)
+    # before fleet.init, as README says: stock 2.6.2's gloo groups rendezvous through the job
+    # store with unprefixed keys, and a rank could read an earlier group's address (measured
+    # here with the plugin enabled after fleet.init: "connect ...: Connection refused" in the
+    # model group's creation, once in about 60 launches under load; a hang there once in CI)
     paddle_ext.enable()
+    fleet.init(is_collective=True, strategy=strategy)
     rank = paddle.distributed.get_rank()
     if mode == "tp-inputs":
         tensor_parallel_inputs(rank)
