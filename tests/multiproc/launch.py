@@ -15,8 +15,8 @@ A run in which a rank died of a signal (SIGSEGV, SIGABRT, ...) after its script 
 every exit handler returned (scripts/_rank_entry.py prints a mark then) is run again
 once: what crashed is the interpreter's teardown or a C++ static destructor, not what
 the script checks; the rerun must pass whole. Measured in CI, rarely: SIGSEGV (2.6.2,
-8 ranks) and SIGABRT (3.3.1) after the last line, neither reproduced in 200+ launches
-here. Each such crash is reported as a warning (in pytest's summary) with the crashed
+8 ranks) and SIGABRT (3.3.1, 2 ranks) after the last line; not reproduced here (26
+launches of that 8-rank job, three at a time: 208 rank exits). Each such crash is reported as a warning (in pytest's summary) with the crashed
 rank's stack from its core file where the machine writes one into the working directory.
 """
 
