@@ -278,6 +278,12 @@ def overlap() -> dict:
 
 D2H = 2  # cudaMemcpyDeviceToHost
 HOST_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+# Every StreamGate's host function, for the life of the process: the thread that
+# runs one (CUDA's callback thread, or a test's) returns through the function's
+# ctypes trampoline after the gate opens, which may be after the gate object is
+# gone (the next gate replaces it, or an error unwinds the check); a freed
+# trampoline is a SIGSEGV in that thread (measured: tests/runtime/test_gpu_check_logic.py).
+_HOST_FNS_IN_FLIGHT: list = []
 
 
 class StreamGate:
@@ -286,8 +292,9 @@ class StreamGate:
 
     def __init__(self, rt: ctypes.CDLL, stream: int) -> None:
         self._open = threading.Event()
-        self._fn = HOST_FN(lambda _: self._open.wait(30.0))  # kept alive until the stream ran it
-        check(rt.cudaLaunchHostFunc(stream, ctypes.cast(self._fn, ctypes.c_void_p), None), "cudaLaunchHostFunc")
+        fn = HOST_FN(lambda _: self._open.wait(30.0))
+        _HOST_FNS_IN_FLIGHT.append(fn)
+        check(rt.cudaLaunchHostFunc(stream, ctypes.cast(fn, ctypes.c_void_p), None), "cudaLaunchHostFunc")
 
     def open(self) -> None:
         self._open.set()

@@ -9,7 +9,9 @@ streams (tests/gpu/device_check.sh)."""
 from __future__ import annotations
 
 import ctypes
+import gc
 import threading
+import weakref
 
 import pytest
 
@@ -101,3 +103,29 @@ def test_stream_reuse_logic_fails_when_the_stream_does_not_wait(capsys):
     out = capsys.readouterr().out
     assert "the event completed while the stream was held" in out
     assert "with record_event: reused True" in out
+
+
+def test_a_gates_host_function_outlives_the_gate(monkeypatch):
+    # The stream's thread returns through the host function's trampoline after the
+    # gate opened, possibly after the gate is gone (the next gate replaces it);
+    # freed, that was a SIGSEGV in that thread (CI: the test above, under load).
+    made = []
+    real = gpu_check.HOST_FN
+
+    def recording_host_fn(fn):
+        host_fn = real(fn)
+        made.append(weakref.ref(host_fn))
+        return host_fn
+
+    monkeypatch.setattr(gpu_check, "HOST_FN", recording_host_fn)
+
+    class AddressOnly:  # what CUDA keeps of the function: its address
+        def cudaLaunchHostFunc(self, stream, fn, data):
+            self.address = fn.value
+            return 0
+
+    gate = gpu_check.StreamGate(AddressOnly(), 1)
+    gate.open()
+    del gate
+    gc.collect()
+    assert len(made) == 1 and made[0]() is not None
