@@ -15,7 +15,9 @@ its inputs through hybrid_parallel_util.broadcast_input_data, which asserts a GP
 or custom device: it gets a CPU path too (rebound where fleet imported it by name).
 With 4 or more gloo ranks, fleet's topology set-up also
 fails: ProcessGroupGloo rendezvous with unprefixed keys in the job's one store,
-so each gloo group now gets a store of its own (paddle_ext.comm.gloo).
+so each gloo group now gets a store of its own (paddle_ext.comm.gloo). Groups made
+before the unit applied (the plugin enabled after fleet.init) keep Paddle's
+rendezvous: enabling then warns, naming them.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from paddle_ext.comm.gloo import (
     cpu_c_concat,
     cpu_c_identity,
     private_store_process_groups,
+    warn_if_groups_came_first,
 )
 from paddle_ext.comm.gloo_exchange import EXCHANGE_METHODS
 from paddle_ext.patches._unit import Patcher, PatchUnit
@@ -46,6 +49,7 @@ def _apply(patcher: Patcher) -> None:
     collective = compat.collective_module()
     patcher.swap(collective, "_new_process_group_impl",
                  private_store_process_groups(collective._new_process_group_impl))
+    warn_if_groups_came_first()
 
 
 def _hybrid_parallel_util():

@@ -209,3 +209,36 @@ def _group_store(job_store: Any, group_id: int, rank: int, size: int) -> Any:
         store = core.TCPStore(host, int(port), False, size, timeout)
     _GROUP_STORES[group_id] = store
     return store
+
+
+def groups_made_without_private_stores() -> list[int]:
+    """Ids of the gloo groups of more than one rank that this process joined
+    through Paddle's own rendezvous (the unprefixed keys in the job store), i.e.
+    made before the plugin was enabled. Such groups may be wired to the wrong
+    peers or have failed ("Connection refused") at 4 or more ranks."""
+    from paddle_ext import compat
+
+    cls = compat.gloo_process_group_class()
+    if cls is None:
+        return []
+    made = []
+    for gid, group in compat.group_map().items():
+        pg = getattr(group, "process_group", None)
+        if gid != 0 and gid not in _GROUP_STORES and isinstance(pg, cls) and group.nranks > 1:
+            made.append(gid)
+    return sorted(made)
+
+
+def warn_if_groups_came_first() -> None:
+    """Says, once per enable, that gloo groups exist that Paddle made alone: the
+    plugin was enabled after fleet.init (README: enable it before)."""
+    import warnings
+
+    early = groups_made_without_private_stores()
+    if early:
+        warnings.warn(
+            f"paddle_ext was enabled after gloo process groups {early} were made (fleet.init or "
+            "paddle.distributed.new_group ran first): Paddle made them alone, rendezvousing through "
+            "the job's store with unprefixed keys, which with 4 or more ranks fails ('Connection "
+            "refused') or wires the wrong peers; call paddle_ext.enable() before fleet.init",
+            RuntimeWarning, stacklevel=5)  # the line that called paddle_ext.enable()

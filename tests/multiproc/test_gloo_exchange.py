@@ -24,7 +24,8 @@ def test_every_form_equals_numpy():
         assert {"reduce_scatter tensor float32", "reduce_scatter tensor bfloat16", "reduce_scatter list",
                 "reduce_scatter tensor max calc_stream", "reduce_scatter tensor async", "reduce_scatter 3-d", "reduce_scatter records no gradient",
                 "alltoall list from 2", "alltoall list calc_stream", "alltoall_single even",
-                "alltoall_single uneven", "alltoall_single empty pairs"} <= cases, (rank, cases)
+                "alltoall_single uneven", "alltoall_single empty pairs",
+                "enable after groups warns"} <= cases, (rank, cases)
 
 
 def test_bad_arguments_raise_on_every_rank_and_leave_the_group_in_step():

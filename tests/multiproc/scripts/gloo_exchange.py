@@ -11,6 +11,7 @@ compute right afterwards; prints "rank R: REFUSAL ok" per case.
 from __future__ import annotations
 
 import sys
+import warnings
 
 import numpy as np
 import paddle
@@ -18,6 +19,7 @@ import paddle.distributed as dist
 
 import paddle_ext
 from paddle_ext import compat
+from paddle_ext.comm import gloo
 
 
 def data(rank: int, rows: int, width: int = 3, dtype: str = "float32") -> np.ndarray:
@@ -153,11 +155,40 @@ def refusals(size: int, rank: int) -> None:
     check("group still in step", out.numpy(), sum(full)[rank * 2:rank * 2 + 2])
 
 
+def enable_after_groups(size: int, rank: int) -> None:
+    """enable() names the gloo groups Paddle made alone (before the plugin was
+    enabled) and stays quiet about the groups it made itself."""
+    group = dist.new_group(list(range(size)))
+    t = paddle.to_tensor([1.0])
+    dist.all_reduce(t, group=group)
+    assert float(t.numpy()[0]) == size, t.numpy()
+
+    def reenable() -> list[str]:
+        paddle_ext.disable()
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            paddle_ext.enable()
+        ours = [w for w in seen if "enabled after gloo process groups" in str(w.message)]
+        assert all(w.filename == __file__ for w in ours), [w.filename for w in ours]
+        return [str(w.message) for w in ours]
+
+    assert reenable() == [], "warned about a group the plugin made"
+    store = gloo._GROUP_STORES.pop(group.id)  # as if Paddle had made the group alone
+    try:
+        said = reenable()
+    finally:
+        gloo._GROUP_STORES[group.id] = store
+    assert len(said) == 1 and f"groups [{group.id}]" in said[0] and "before fleet.init" in said[0], said
+    print(f"rank {rank}: enable after groups warns ok", flush=True)
+
+
 def main(mode: str) -> None:
     paddle_ext.enable()
     dist.init_parallel_env()
     size, rank = dist.get_world_size(), dist.get_rank()
     {"values": values, "refusals": refusals}[mode](size, rank)
+    if mode == "values":
+        enable_after_groups(size, rank)
 
 
 if __name__ == "__main__":
