@@ -29,9 +29,41 @@ def result(rc: int, rank0: str, output: str = LAUNCHER, timed_out: bool = False)
     return LaunchResult(rc, 5.4, output, {0: rank0, 1: "Retry to connect to 127.0.0.1:46022"}, timed_out)
 
 
+LIBUV_ABORTED = ("I1206 23:08:20.773634  8037 tcp_store.cc:336] create libuv server at port: 46022\n"
+                 "python: /paddle/third_party/libuv/src/unix/core.c:314: uv__finish_close: Assertion "
+                 "`handle->flags & UV_HANDLE_CLOSING' failed.\n")
+
+
 def test_the_job_store_that_lost_its_port_is_named():
     assert lost_master_port(result(1, BIND_FAILED)) == 46022
     assert lost_master_port(result(1, "OSError: [Errno 98] Address already in use: 127.0.0.1:46022")) == 46022
+    assert lost_master_port(result(250, LIBUV_ABORTED)) == 46022  # 3.x: the libuv server's constructor failed
+
+
+def test_a_libuv_abort_names_the_job_store_only_when_it_follows_that_stores_creation():
+    other = LIBUV_ABORTED.replace("46022", "46023")  # a group store's server (another port)
+    assert lost_master_port(result(250, other)) is None
+    later = LIBUV_ABORTED.replace("\npython:", "\nI1206 create libuv server at port: 46023\npython:")
+    assert lost_master_port(result(250, later)) is None
+    assert lost_master_port(result(250, "create libuv server at port: 46022\nran for an hour\n" * 2
+                                   + "AssertionError: grads differ\n")) is None
+
+
+def test_a_taken_port_aborts_this_paddles_job_store_as_the_harness_expects():
+    # the signature above, measured on the Paddle at hand (2.6: its own text, also matched)
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as taken:
+        taken.bind(("0.0.0.0", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        code = f"from paddle.base import core; core.TCPStore('127.0.0.1', {port}, True, 2, 5)"
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode != 0
+    launcher = LAUNCHER.replace("46022", str(port))
+    assert lost_master_port(result(run.returncode, run.stdout + run.stderr, output=launcher)) == port, run.stderr[-2000:]
 
 
 def test_any_other_failure_is_the_jobs():

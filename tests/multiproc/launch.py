@@ -7,8 +7,10 @@ of CI, with each rank's C++ stack in its log.
 A run whose job store lost its port is run again (twice at most): the launcher picks
 PADDLE_MASTER's port by binding and closing a socket, and rank 0's TCPStore binds it
 seconds later, after Python and Paddle start; meanwhile any process may take it (gloo's
-pairs bind ephemeral ports all the time, and CI runs three legs side by side). Measured
-once in CI (2.6.2: "Bind network on IP_ANY:46022 failed" in fleet.init). Nothing of the
+pairs bind ephemeral ports all the time, and CI runs four chains of legs side by side).
+Measured in CI: 2.6.2, "Bind network on IP_ANY:46022 failed" in fleet.init; 3.3.1, rank 0
+aborted by libuv ("uv__finish_close: Assertion") in CreateOrGetGlobalTCPStore, the
+libuv server's failed construction (its stack read from the core file). Nothing of the
 plugin has run by then, so the retry hides no behaviour of it.
 
 A run in which a rank died of a signal (SIGSEGV, SIGABRT, ...) after its script and
@@ -145,8 +147,13 @@ def lost_master_port(result: LaunchResult) -> int | None:
     if master is None:
         return None
     port = master.group(1)
-    bind_failed = re.compile(rf"Bind network on IP_ANY:{port} failed|address already in use[^\n]*:{port}\b",
-                             re.IGNORECASE)
+    # 2.6's store: "Bind network ... failed"; 3.x's libuv server: its constructor fails
+    # and its destructor trips libuv's assertion (SIGABRT), the line after "create
+    # libuv server at port: P" with no other store's line between (measured: 3.3.1,
+    # a master TCPStore on a port another socket listens on).
+    bind_failed = re.compile(rf"Bind network on IP_ANY:{port} failed|address already in use[^\n]*:{port}\b"
+                             rf"|create libuv server at port: {port}\n(?:(?![^\n]*create libuv server)[^\n]*\n){{0,3}}"
+                             r"[^\n]*uv__finish_close: Assertion", re.IGNORECASE)
     return int(port) if bind_failed.search(result.all_text()) else None
 
 
