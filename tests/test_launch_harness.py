@@ -4,6 +4,7 @@ script and every exit handler returned (once, with a warning); never for a failu
 the job."""
 
 import os
+import re
 import shutil
 import signal
 import warnings
@@ -12,10 +13,12 @@ import pytest
 
 from tests.multiproc.launch import (
     FINISHED_MARK,
+    MASTER_LINE,
     LaunchResult,
     crashed_rank,
     exit_crash,
     launch,
+    launcher_port_range,
     lost_master_port,
 )
 
@@ -38,6 +41,19 @@ def test_the_job_store_that_lost_its_port_is_named():
     assert lost_master_port(result(1, BIND_FAILED)) == 46022
     assert lost_master_port(result(1, "OSError: [Errno 98] Address already in use: 127.0.0.1:46022")) == 46022
     assert lost_master_port(result(250, LIBUV_ABORTED)) == 46022  # 3.x: the libuv server's constructor failed
+    # the launcher's report names no master: the rank's first line (_rank_entry.py) does
+    quiet = "LAUNCH INFO Exit code -6\n"
+    assert lost_master_port(result(250, LIBUV_ABORTED, output=quiet)) is None
+    assert lost_master_port(result(250, f"{MASTER_LINE}127.0.0.1:46022\n" + LIBUV_ABORTED, output=quiet)) == 46022
+
+
+def test_the_launcher_picks_ports_below_the_ephemeral_range(tmp_path):
+    ranges = tmp_path / "ip_local_port_range"
+    ranges.write_text("32768\t60999\n")
+    assert launcher_port_range(str(ranges)) == {"PORT_RANGE": "20767:32767"}
+    ranges.write_text("1024\t65535\n")
+    assert launcher_port_range(str(ranges)) == {}  # no room below: the launcher's default
+    assert launcher_port_range(str(tmp_path / "missing")) == {}
 
 
 def test_a_libuv_abort_names_the_job_store_only_when_it_follows_that_stores_creation():
@@ -125,6 +141,12 @@ def test_a_rank_crashing_in_its_script_fails_the_launch(tmp_path):
     assert res.returncode != 0 and not res.timed_out, res.describe()
     assert FINISHED_MARK not in res.logs[1] and FINISHED_MARK in res.logs[0]
     assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]
+    masters = {int(m) for m in re.findall(rf"^{re.escape(MASTER_LINE)}[^:\s]*:(\d+)$", res.all_text(), re.MULTILINE)}
+    assert len(masters) == 1, res.describe()  # every rank names the job store's address first
+    span = launcher_port_range().get("PORT_RANGE")
+    if span:  # the launcher chose it below the ephemeral range
+        low, high = map(int, span.split(":"))
+        assert low <= masters.pop() <= high, span
     if _cores_here():  # the crash's stack comes with the failure, its core file is gone
         assert "kill" in res.crash_stack and "main" in res.crash_stack, res.crash_stack
         assert res.crash_stack in res.describe()

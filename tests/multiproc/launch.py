@@ -7,7 +7,9 @@ of CI, with each rank's C++ stack in its log.
 A run whose job store lost its port is run again (twice at most): the launcher picks
 PADDLE_MASTER's port by binding and closing a socket, and rank 0's TCPStore binds it
 seconds later, after Python and Paddle start; meanwhile any process may take it (gloo's
-pairs bind ephemeral ports all the time, and CI runs four chains of legs side by side).
+pairs bind ephemeral ports all the time, and CI runs four chains of legs side by side),
+though the harness has the launcher pick it below the ephemeral range (PORT_RANGE), where
+only a process asking for that very number can.
 Measured in CI: 2.6.2, "Bind network on IP_ANY:46022 failed" in fleet.init; 3.3.1, rank 0
 aborted by libuv ("uv__finish_close: Assertion") in CreateOrGetGlobalTCPStore, the
 libuv server's failed construction (its stack read from the core file). Nothing of the
@@ -39,6 +41,7 @@ from dataclasses import dataclass
 SCRIPTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "scripts")
 RANK_ENTRY = os.path.join(SCRIPTS, "_rank_entry.py")
 FINISHED_MARK = "paddle_ext-tests: the rank script and its exit handlers returned"  # _rank_entry.py's
+MASTER_LINE = "paddle_ext-tests: PADDLE_MASTER="  # _rank_entry.py's first line: the job store's address
 
 
 @dataclass
@@ -143,7 +146,8 @@ def lost_master_port(result: LaunchResult) -> int | None:
     it (another process took it after the launcher chose it), else None."""
     if result.returncode == 0 or result.timed_out:
         return None
-    master = re.search(r"'PADDLE_MASTER': '[^':]*:(\d+)'", result.output)
+    master = (re.search(r"'PADDLE_MASTER': '[^':]*:(\d+)'", result.output)  # the launcher's report
+              or re.search(rf"^{re.escape(MASTER_LINE)}[^:\s]*:(\d+)$", result.all_text(), re.MULTILINE))
     if master is None:
         return None
     port = master.group(1)
@@ -157,6 +161,19 @@ def lost_master_port(result: LaunchResult) -> int | None:
     return int(port) if bind_failed.search(result.all_text()) else None
 
 
+def launcher_port_range(path: str = "/proc/sys/net/ipv4/ip_local_port_range") -> dict[str, str]:
+    """PORT_RANGE for the launcher (every Paddle release reads it; default 35100:64000):
+    the 12000 ports below the kernel's ephemeral range, where no port-0 bind (gloo's
+    pairs, any process's outgoing connection) can take the job store's port between the
+    launcher's choice and rank 0's bind. {} where that range leaves no room."""
+    try:
+        with open(path) as f:
+            low = int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return {}
+    return {"PORT_RANGE": f"{low - 12001}:{low - 1}"} if low > 13000 else {}
+
+
 def _allow_core_files() -> None:
     """A rank that crashes leaves a core file (core_stack reads it), as far as the hard limit allows."""
     _, hard = resource.getrlimit(resource.RLIMIT_CORE)
@@ -167,7 +184,8 @@ def _launch_once(script: str, *args: str, nproc: int, timeout: float,
                  env: dict[str, str] | None) -> LaunchResult:
     log_dir = tempfile.mkdtemp(prefix="paddle_ext_launch_")
     full_env = dict(os.environ)
-    full_env.update({"OMP_NUM_THREADS": "1", "PADDLE_EXT_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"})
+    full_env.update({"OMP_NUM_THREADS": "1", "PADDLE_EXT_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+                     **launcher_port_range()})
     full_env.update(env or {})
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
            "--log_dir", log_dir, RANK_ENTRY, os.path.join(SCRIPTS, script), *args]

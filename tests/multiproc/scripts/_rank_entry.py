@@ -3,16 +3,20 @@
 
 What a rank does after that mark is only the interpreter's teardown and the C++ static
 destructors: launch.py tells a crash there (a signal after the mark) from a failure of
-the script itself. Usage: python _rank_entry.py SCRIPT [ARGS...]
+the script itself. First it prints the job store's address (MASTER_LINE): launch.py
+tells a job whose store lost its port from the store's own error text on that port.
+Usage: python _rank_entry.py SCRIPT [ARGS...]
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import runpy
 import sys
 
 FINISHED_MARK = "paddle_ext-tests: the rank script and its exit handlers returned"
+MASTER_LINE = "paddle_ext-tests: PADDLE_MASTER="
 
 _returned = False
 
@@ -26,6 +30,7 @@ def main() -> None:
     global _returned
     if len(sys.argv) < 2:
         raise SystemExit("usage: _rank_entry.py SCRIPT [ARGS...]")
+    print(MASTER_LINE + os.environ.get("PADDLE_MASTER", ""), flush=True)
     # registered before the script imports anything: exit handlers run last-registered
     # first, so this one runs after all of theirs
     atexit.register(_mark_finished)
