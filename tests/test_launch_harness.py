@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import time
 import warnings
 
 import pytest
@@ -134,10 +135,19 @@ def test_a_rank_crashing_in_teardown_is_launched_again_once_with_its_stack(tmp_p
         assert "kill" in messages[0] and "Py_FinalizeEx" in messages[0], messages[0]
 
 
-def test_a_rank_crashing_in_its_script_fails_the_launch(tmp_path):
+def test_a_rank_crashing_in_its_script_fails_the_launch(tmp_path, monkeypatch):
+    # A core file of another job in the caller's working directory (CI's legs share the
+    # tree root), newer than this launch: the harness neither reads nor removes it.
+    other_job = tmp_path / "cwd" / "core"
+    other_job.parent.mkdir()
+    other_job.write_bytes(b"\x7fELF not a core of this launch")
+    os.utime(other_job, (time.time() + 3600, time.time() + 3600))
+    monkeypatch.chdir(other_job.parent)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         res = launch("exit_crash.py", str(tmp_path), "script", timeout=60)
+    assert other_job.read_bytes() == b"\x7fELF not a core of this launch"
+    assert os.listdir(other_job.parent) == ["core"]  # the ranks ran in the launch's own folder
     assert res.returncode != 0 and not res.timed_out, res.describe()
     assert FINISHED_MARK not in res.logs[1] and FINISHED_MARK in res.logs[0]
     assert not [w for w in caught if issubclass(w.category, RuntimeWarning)]

@@ -21,7 +21,9 @@ once: what crashed is the interpreter's teardown or a C++ static destructor, not
 the script checks; the rerun must pass whole. Measured in CI, rarely: SIGSEGV (2.6.2,
 8 ranks) and SIGABRT (3.3.1, 2 ranks) after the last line; not reproduced here (26
 launches of that 8-rank job, three at a time: 208 rank exits). Each such crash is reported as a warning (in pytest's summary) with the crashed
-rank's stack from its core file where the machine writes one into the working directory.
+rank's stack from its core file where the machine writes one into the working directory
+(each launch has its own, a temporary folder removed after it: a core file of another job
+running beside it, e.g. another CI leg's, is never read or removed).
 """
 
 from __future__ import annotations
@@ -73,11 +75,14 @@ def launch(script: str, *args: str, nproc: int = 2, timeout: float = 120.0,
            env: dict[str, str] | None = None) -> LaunchResult:
     port_retries = crash_relaunches = 0
     while True:
-        started = time.time()
-        result = _launch_once(script, *args, nproc=nproc, timeout=timeout, env=env)
-        crashed = crashed_rank(result)
-        if crashed is not None:
-            result.crash_stack = core_stack(started)
+        work_dir = tempfile.mkdtemp(prefix="paddle_ext_launch_")
+        try:
+            result = _launch_once(script, *args, nproc=nproc, timeout=timeout, env=env, work_dir=work_dir)
+            crashed = crashed_rank(result)
+            if crashed is not None:
+                result.crash_stack = core_stack(work_dir)
+        finally:  # its logs are read, and a core file (hundreds of MB) goes with it
+            shutil.rmtree(work_dir, ignore_errors=True)
         port = lost_master_port(result)
         if port is not None and port_retries < MASTER_PORT_RETRIES:
             port_retries += 1
@@ -112,14 +117,15 @@ def exit_crash(result: LaunchResult) -> bool:
     return crashed is not None and FINISHED_MARK in result.logs.get(crashed[0], "")
 
 
-def core_stack(since: float) -> str:
-    """The crashed thread's stack (gdb) from a core file ("core" or "core.PID", an ELF
-    file) written into the working directory since `since`, which is then removed."""
-    cores = [p for p in os.listdir(".") if re.fullmatch(r"core(\.\d+)?", p)
-             and os.path.getmtime(p) >= since and _is_elf(p)]
+def core_stack(directory: str) -> str:
+    """The crashed thread's stack (gdb) from the newest core file ("core" or "core.PID",
+    an ELF file) in `directory`, a launch's own working directory (so no other job's
+    core, e.g. a CI leg's beside it, is read), which is then removed."""
+    cores = [os.path.join(directory, p) for p in os.listdir(directory) if re.fullmatch(r"core(\.\d+)?", p)]
+    cores = [p for p in cores if _is_elf(p)]
     if not cores:
         with open("/proc/sys/kernel/core_pattern") as f:
-            return f"no core file in {os.getcwd()} (core_pattern: {f.read().strip()})"
+            return f"no core file in {directory} (core_pattern: {f.read().strip()})"
     core = max(cores, key=os.path.getmtime)
     try:
         if shutil.which("gdb") is None:
@@ -181,17 +187,18 @@ def _allow_core_files() -> None:
 
 
 def _launch_once(script: str, *args: str, nproc: int, timeout: float,
-                 env: dict[str, str] | None) -> LaunchResult:
-    log_dir = tempfile.mkdtemp(prefix="paddle_ext_launch_")
+                 env: dict[str, str] | None, work_dir: str) -> LaunchResult:
+    """One launch whose working directory, log folder and core files' folder is work_dir."""
     full_env = dict(os.environ)
     full_env.update({"OMP_NUM_THREADS": "1", "PADDLE_EXT_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
                      **launcher_port_range()})
     full_env.update(env or {})
     cmd = [sys.executable, "-m", "paddle.distributed.launch", "--nproc_per_node", str(nproc),
-           "--log_dir", log_dir, RANK_ENTRY, os.path.join(SCRIPTS, script), *args]
+           "--log_dir", work_dir, RANK_ENTRY, os.path.join(SCRIPTS, script), *args]
     start = time.monotonic()
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=full_env, start_new_session=True, preexec_fn=_allow_core_files)
+                            env=full_env, cwd=work_dir, start_new_session=True,
+                            preexec_fn=_allow_core_files)
     timed_out = False
     try:
         output, _ = proc.communicate(timeout=timeout)
@@ -213,7 +220,7 @@ def _launch_once(script: str, *args: str, nproc: int, timeout: float,
     elapsed = time.monotonic() - start
     logs = {}
     for rank in range(nproc):
-        path = os.path.join(log_dir, f"workerlog.{rank}")
+        path = os.path.join(work_dir, f"workerlog.{rank}")
         if os.path.exists(path):
             with open(path, errors="replace") as f:
                 logs[rank] = f.read()
