@@ -309,11 +309,15 @@ PE_TC_DEVICE void ring_step(int j, int n, Issue&& issue) {
 }
 
 // The keep factors z (0 or 1 / (1 - p)) of the two columns j, j + 1 (j even)
-// of query row i: both lie in one Philox word group of 4.
+// of query row i: both lie in one Philox word group of 4, words 0 and 1 or 2
+// and 3. Chosen by selects, not bits.x[j & 3]: an index known only at run time
+// puts the four words in local memory, and with that stack frame ptxas spilled
+// 28 bytes of the d=128 forward on sm_90 (4 bytes now; docs/gpu_check.md).
 PE_TC_DEVICE void keep_pair(const Problem& p, const Dropout& z, int64_t i, int64_t j, float* z0, float* z1) {
   const Philox4 bits = dropout_bits(p.seed, z.sub, i, j >> 2);
-  *z0 = bits.x[j & 3] >= z.threshold ? z.rkeep : 0.f;
-  *z1 = bits.x[(j + 1) & 3] >= z.threshold ? z.rkeep : 0.f;
+  const bool high = (j & 2) != 0;
+  *z0 = (high ? bits.x[2] : bits.x[0]) >= z.threshold ? z.rkeep : 0.f;
+  *z1 = (high ? bits.x[3] : bits.x[1]) >= z.threshold ? z.rkeep : 0.f;
 }
 
 // ---- forward -------------------------------------------------------------------
