@@ -53,6 +53,7 @@ from paddle_ext.pipeline.schedule.generate import ZB_KINDS, split_cap
 from paddle_ext.pipeline.schedule.ir import I, W
 from paddle_ext.pipeline.schedule.overlap import split_kind
 from paddle_ext.pipeline.schedule.vshape import V_KINDS, V_MIN_MICROBATCHES
+from paddle_ext.pipeline.step_report import StepTimers, profile_records, write_profile_records
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,10 @@ class PipelineSettings:
     # pp_configs.count_shared_weights_once (the plugin's, opt-in; paddle_ext.config): a
     # weight tied across stages enters fleet's global gradient norm from its first stage only
     count_shared_weights_once: bool = False
+    # pp_configs.enable_timer / profiling: Paddle's per-step timer line and profile records
+    # (pipeline/step_report.py)
+    enable_timer: bool = False
+    profiling: bool = False
 
     @classmethod
     def from_strategy(cls, strategy: Any) -> PipelineSettings:
@@ -96,6 +101,8 @@ class PipelineSettings:
                    dynamic_shape=(bool(pp_config(strategy, "enable_dynamic_shape"))
                                   or not pipeline.get("p2p_cache_shape", True)),
                    count_shared_weights_once=bool(pp_config(strategy, "count_shared_weights_once")),
+                   enable_timer=bool(pp_config(strategy, "enable_timer")),
+                   profiling=bool(pp_config(strategy, "profiling")),
                    grad_sync=GradSyncSettings.from_strategy(strategy))
 
 
@@ -198,6 +205,7 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         # not in the first train_batch.
         eager.connect_if_enabled([*neighbours.values(), *links], p2p=True)
         self._schedules: dict[int, Schedule] = {}
+        self._timers = StepTimers() if settings.enable_timer else None
         check_schedule_kind(settings, self.vpp, self.placement)
         self._split: Optional[WeightGradStore] = None  # zero-bubble: made with the first such schedule
         self.last_step: Optional[StepStats] = None
@@ -303,12 +311,24 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         self.user_hooks_enabled = True
         self._micro_steps.step_ids = True
         losses = self._run(data, loss_fn, scaler, compute_loss=True)
+        if self.settings.profiling:
+            write_profile_records(profile_records(self.last_step.spans, self.stage_id, self.vpp > 1),
+                                  compat.global_rank())
         if self.placement != "v":  # as DualPipeVParallel, which runs no user hooks
             self._check_user_hooks_status_at_step_end()
+        shared_start = time.time()
         self._layers.allreduce_shared_weight_gradients()
+        shared_end = time.time()
         if self._grad_sync is not None:  # the late buckets, then wait for every bucket
             self._grad_sync.finish()
-        return self._broadcast_loss(losses, per_microbatch)
+        loss_start = time.time()
+        loss = self._broadcast_loss(losses, per_microbatch)
+        if self._timers is not None:  # Paddle's timer_printer, at the same point of the step
+            self._timers.add_spans(self.last_step.spans)
+            self._timers.add("allreduce_shared_weight_gradients", shared_end - shared_start)
+            self._timers.add("broadcast_final_loss", time.time() - loss_start)
+            print(self._timers.line(), flush=True)
+        return loss
 
     def _run(self, data: Any, loss_fn: Any, scaler: Any, compute_loss: bool) -> list:
         m = self.accumulate_steps

@@ -22,3 +22,5 @@ def test_pipeline_parallel_surface():
         for vpp, m in ((1, 3), (2, 4)):
             assert f"rank {rank}: vpp={vpp} M={m}: user hooks and callbacks as Paddle runs them" in log, \
                 result.describe()
+            assert f"rank {rank}: vpp={vpp} M={m}: enable_timer lines and profiling records as Paddle's" in log, \
+                result.describe()

@@ -272,9 +272,11 @@ def test_shared_weights_counted_once_in_the_global_norm(results):
 
 def test_every_pipeline_switch_leaves_the_numbers_alone(results):
     """k: PaddleFormers' other pipeline switches on (release grads, overlap_p2p_comm, ...)
-    against a with them off: the same losses and parameters, bit for bit."""
+    against a with them off: the same losses and parameters, bit for bit. Its `timer`
+    reaches the engine as pp_configs enable_timer (the per-step timer line)."""
     a, k = of(results, "a"), of(results, "k")
     for rank in k:
+        assert (k[rank]["enable_timer"], a[rank]["enable_timer"]) == (True, False), rank
         assert k[rank]["losses"] == a[rank]["losses"]
         assert k[rank]["digest"] == a[rank]["digest"], f"rank {rank}: the switches changed the parameters"
 

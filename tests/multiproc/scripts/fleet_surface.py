@@ -27,9 +27,20 @@ Usage: fleet_surface.py
    BACKWARD_BEGIN reports received. eval_batch: callbacks only (step_id None for 1F1B).
    Bubble hooks refused with Paddle's ValueError, a location past the capacity with its
    AssertionError.
+7. pp_configs enable_timer and profiling (pipeline/step_report.py), vpp 1 and 2: every
+   train_batch prints one `time (ms) | name: ms | ...` line (Paddle's Timers.log) with
+   Paddle's timer names for this stage's work, in the same order every step, the compute
+   ones within the step's wall time; the step's forward / backward begin and end records
+   are appended to ./profile_record_tmp_file_for_rank_<rank> in Paddle's format, which
+   Paddle's own pp_utils/profiler_helper merges into a JSON trace.
 """
 
+import contextlib
+import io
+import json
+import os
 import sys
+import tempfile
 
 import numpy as np
 import paddle
@@ -51,11 +62,12 @@ def params(model):
     return [p.numpy().copy() for p in model.parameters()]
 
 
-def build(hcg, vpp, m, delay=True, mbs=MBS, once=False, clip=None):
+def build(hcg, vpp, m, delay=True, mbs=MBS, once=False, clip=None, reports=False):
     paddle.seed(0)
     model = pipeline_model(VOCAB, HIDDEN, SEQ, blocks=PP * vpp, pp=PP, vpp=vpp)
     engine = PipelineEngine(model, hcg, PipelineSettings(m, mbs, delay_scale_loss=delay,
-                                                         count_shared_weights_once=once))
+                                                         count_shared_weights_once=once,
+                                                         enable_timer=reports, profiling=reports))
     opt = fleet.distributed_optimizer(paddle.optimizer.Adam(1e-2, parameters=model.parameters(), grad_clip=clip))
     return model, engine, opt
 
@@ -198,6 +210,48 @@ def check_user_hooks(hcg, stage, vpp, m):
             callbacks.hooks[loc].clear()  # global: the other checks run without them
 
 
+def check_step_report(hcg, stage, vpp, m):
+    """Item 7, in a folder of this rank's own (Paddle writes the profile file to ./)."""
+    from paddle.distributed.fleet.meta_parallel.pp_utils import profiler_helper
+
+    os.chdir(tempfile.mkdtemp(prefix=f"step_report_{stage}_"))
+    model, engine, opt = build(hcg, vpp, m, reports=True)
+    lines, steps = [], 2
+    for step in range(steps):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            engine.train_batch(list(batch(step, m * MBS, SEQ, VOCAB)), opt)
+        lines += [line for line in out.getvalue().splitlines() if line.startswith("time (ms)")]
+        fields = dict(item.rsplit(": ", 1) for item in lines[-1].split(" | ")[1:])
+        compute_ms = float(fields["forward_step"]) + float(fields["backward_step"])
+        assert 0 < compute_ms <= engine.last_step.seconds * 1000 + 1, (lines[-1], engine.last_step.seconds)
+    assert len(lines) == steps, lines
+    names = [item.rsplit(": ", 1)[0] for item in lines[0].split(" | ")[1:]]
+    p2p = ["send_forward", "recv_backward"] if stage == 0 else ["recv_forward", "send_backward"]
+    if vpp > 1:  # chunks pass activations and gradients both ways
+        p2p = ["send_forward", "recv_forward", "send_backward", "recv_backward"]
+    assert set(names) == {"forward_step", "backward_step", *p2p, "allreduce_shared_weight_gradients",
+                          "broadcast_final_loss"}, names
+    assert names[-2:] == ["allreduce_shared_weight_gradients", "broadcast_final_loss"], names
+    assert [item.rsplit(": ", 1)[0] for item in lines[1].split(" | ")[1:]] == names, lines
+
+    path = f"profile_record_tmp_file_for_rank_{compat.global_rank()}"
+    with open(path) as f:
+        records = [json.loads(line) for line in f]
+    assert len(records) == steps * 2 * 2 * vpp * m, len(records)  # F and B of each (chunk, mb), begin and end
+    suffix = (lambda c: f"_VP{c}") if vpp > 1 else (lambda c: "")
+    expected = {f"{letter}{mb}{suffix(c)}" for letter in "FB" for mb in range(m) for c in range(vpp)}
+    assert {r["name"] for r in records} == expected, sorted({r["name"] for r in records})
+    assert all(r["tid"] == stage + 1 and r["pid"] == 0 for r in records)
+    for begin, end in zip(records[::2], records[1::2]):
+        assert (begin["ph"], end["ph"], begin["name"]) == ("B", "E", end["name"]) and begin["ts"] <= end["ts"]
+    profiler_helper.main()  # Paddle's merge of the profile files in ./ (2.6.2 and 3.x ship it)
+    with open("pipeline_profile.json") as f:
+        assert json.load(f) == records
+    print(f"rank {stage}: vpp={vpp} M={m}: enable_timer lines and profiling records as Paddle's; "
+          f"first line: {lines[0]}", flush=True)
+
+
 def main():
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": PP,
@@ -209,6 +263,8 @@ def main():
     stage = hcg.get_stage_id()
     check_classes(hcg, stage)
     print(f"rank {stage}: classes and unsupported members ok", flush=True)
+    for vpp, m in ((1, 3), (2, 4)):
+        check_step_report(hcg, stage, vpp, m)
 
     for vpp, m in ((1, 3), (2, 5)):
         model_a, engine_a, opt_a = build(hcg, vpp, m)

@@ -563,6 +563,7 @@ def main():
                   "sharding_optimizer": sharding_optimizer_state(trainer.optimizer),
                   "recomputed": recomputed,
                   "dp_comm_overlap": getattr(engine, "_dp_comm_overlap", None),
+                  "enable_timer": getattr(getattr(engine, "settings", None), "enable_timer", None),
                   "schedule": engine.schedule().kind if hasattr(engine, "schedule") else None,
                   "placement": engine.schedule().placement if hasattr(engine, "schedule") else None,
                   "sharding_comm_overlap": getattr(engine, "_sharding_comm_overlap", None),
