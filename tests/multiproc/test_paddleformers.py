@@ -116,6 +116,10 @@ CONFIGS = [name for launch_names in LAUNCHES for name in launch_names.split(",")
 def test_trainer_parity(results, name):
     per_rank = of(results, name)
     _check_parity(per_rank, gradients=name not in NO_GRADIENT_VIEW)
+    # Gemma 3's norms scale by 1 + w from w = 0: compared as that scale (compare() in the
+    # script); a config's other parameters, and every other config's, as they are
+    offset = per_rank[0]["unit_offset_weights"]
+    assert bool(offset) == (name == "gm") and all(k.endswith("norm.weight") for k in offset), offset
     classes = per_rank[0]["classes"]
     if name == "m":  # no pipeline: fleet's own TensorParallel wrapper, on CPU
         assert classes[0] == "TensorParallel", classes
