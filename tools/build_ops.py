@@ -63,11 +63,15 @@ def main(argv: list[str] | None = None) -> int:
     cflags = ["-O3", "-std=c++17", f"-I{ops_dir}"]
     if with_gpu:
         cflags.append("-DPADDLE_EXT_WITH_GPU")
+    # No debug info for the C++ sources: setuptools takes Python's own CFLAGS, which say -g,
+    # and with it the library's CPU build took 128 core-seconds instead of 74 (g++ 12; Paddle's
+    # headers in every operator's unit, flash_attn_op.o 8 MB instead of 0.4 MB). Symbols stay.
+    cxx_flags = [*cflags, "-g0"]
     os.makedirs(args.build_dir, exist_ok=True)
     module = load(
         name="paddle_ext_ops",
         sources=sources,
-        extra_cxx_cflags=cflags,
+        extra_cxx_cflags=cxx_flags,
         extra_cuda_cflags=cflags,
         extra_ldflags=mkl_link_flags(os.path.dirname(paddle.__file__)),
         build_directory=args.build_dir,
