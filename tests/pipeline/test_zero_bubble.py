@@ -76,9 +76,10 @@ def test_zero_bubble_schedules_validate_and_meet_the_closed_forms(pp, v):
 
         # GS<c> right after chunk c's last W: never before a W of the chunk.
         for acts in lowered.ranks:
+            at = {a: i for i, a in enumerate(acts)}  # every action appears once in a rank's list
             for c in range(v):
-                gs = acts.index(GradSync(c))
-                assert all(acts.index(W(c, mb)) < gs for mb in range(m)), where
+                gs = at[GradSync(c)]
+                assert all(at[W(c, mb)] < gs for mb in range(m)), where
                 assert acts[gs - 1] in {W(c, mb) for mb in range(m)} or \
                     isinstance(acts[gs - 1], GradSync), where
 

@@ -11,6 +11,7 @@ raise a ValueError (that rank naming it) and the group must stay usable.
 mode "bad-rows": the last rank holds more rows than the others: a ValueError on every rank.
 mode "bad-dtype": bfloat16 logits, which Paddle's GPU kernel does not register: a
 RuntimeError on every rank.
+Usage: parallel_cross_entropy.py MODE[,MODE...]: the modes in turn, in one launch.
 """
 
 import sys
@@ -125,19 +126,20 @@ def refused(rank: int, nranks: int, mode: str) -> None:
     print(f"rank {rank}: the group goes on", flush=True)
 
 
-def main(mode: str) -> None:
+def main(modes: str) -> None:
     nranks = paddle.distributed.get_world_size()
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": nranks, "pp_degree": 1}
     paddle_ext.enable()  # before fleet.init: its gloo groups then get stores of their own (3 ranks)
     fleet.init(is_collective=True, strategy=strategy)
     rank = paddle.distributed.get_rank()
-    if mode.startswith("parity-"):
-        parity(rank, nranks, mode.split("-", 1)[1])
-    elif mode == "empty":
-        empty(rank)
-    else:
-        refused(rank, nranks, mode)
+    for mode in modes.split(","):  # in turn, in one group: a refusal must leave it usable for the next
+        if mode.startswith("parity-"):
+            parity(rank, nranks, mode.split("-", 1)[1])
+        elif mode == "empty":
+            empty(rank)
+        else:
+            refused(rank, nranks, mode)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ full-table embedding and that its weight grad equals its slice of the full grad;
 mode "bad-id": rank 1 looks up an id >= vocab_size; the checked op must raise.
 mode "tp-inputs": fleet.distributed_model's TensorParallel wrapper (no pipeline) gives every
 rank the first rank's inputs, nested ones and another shape included, as it does on GPUs.
+Usage: vocab_parallel_embedding.py MODE[,MODE...]: the modes in turn, in one launch.
 """
 
 import sys
@@ -52,9 +53,14 @@ def main(mode: str) -> None:
     paddle_ext.enable()
     fleet.init(is_collective=True, strategy=strategy)
     rank = paddle.distributed.get_rank()
-    if mode == "tp-inputs":
-        tensor_parallel_inputs(rank)
-        return
+    for one in mode.split(","):
+        if one == "tp-inputs":
+            tensor_parallel_inputs(rank)
+        else:
+            lookup(rank, one)
+
+
+def lookup(rank: int, mode: str) -> None:
     dtype = "float64" if mode == "parity-float64" else "float32"
     paddle.set_default_dtype(dtype)
 
@@ -75,7 +81,8 @@ def main(mode: str) -> None:
     full_grad = np.zeros_like(full, dtype="float64")
     np.add.at(full_grad, ids, upstream.astype("float64"))
     np.testing.assert_array_equal(emb.weight.grad.numpy(), full_grad[rank * rows:(rank + 1) * rows])
-    print(f"rank {rank}: vocab-parallel embedding matches the full table", flush=True)
+    paddle.set_default_dtype("float32")
+    print(f"rank {rank}: vocab-parallel embedding matches the full table ({dtype})", flush=True)
 
 
 if __name__ == "__main__":
