@@ -12,6 +12,8 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+from paddle_ext.comm.store_sockets import set_nodelay_on_port, wait_until_listening
+
 
 def all_reduce_on_calc_stream(self: Any, tensor: Any, op: Any = None) -> Any:
     if op is None:
@@ -163,6 +165,11 @@ def private_store_process_groups(original: Callable[..., Any]) -> Callable[..., 
     or hangs. A store per group (served by the group's first rank, its address
     passed through the job store under a key unique to the group) makes every
     rendezvous start from empty keys.
+
+    The other ranks connect to a group's store once its server listens, and its
+    connections get TCP_NODELAY (comm.store_sockets): each group's rendezvous had waited
+    for delayed ACKs (0.46 s a two-rank group, 0.1 s since) and now and then for Paddle's
+    3 s connect retry.
     """
 
     def _new_process_group_impl(backend, store, rank, world_size, group_name, pg_options,
@@ -206,7 +213,9 @@ def _group_store(job_store: Any, group_id: int, rank: int, size: int) -> Any:
     else:
         job_store.wait(key)
         host, port = job_store.get(key).decode().rsplit(":", 1)
+        wait_until_listening(host, int(port), timeout)  # else a 3 s retry in Paddle's connect
         store = core.TCPStore(host, int(port), False, size, timeout)
+    set_nodelay_on_port(int(port))  # every rank has connected once the constructor returned
     _GROUP_STORES[group_id] = store
     return store
 
