@@ -8,8 +8,9 @@ took 43-96 ms on 3.3.1), and a rank that reaches init_parallel_env before rank 0
 listens is refused and sleeps 3 s before it connects again. This unit wraps
 `core.create_or_get_global_tcp_store`, which init_parallel_env calls on every rank: the
 other ranks wait until rank 0's server listens (where it is on this machine: the kernel's
-socket table, paddle_ext.comm.store_sockets), then the store's connections get
-TCP_NODELAY. Every backend's job store (gloo, NCCL, XCCL) goes through it; no value a
+socket table, paddle_ext.comm.store_sockets), and the store's connections get
+TCP_NODELAY as they appear (rank 0's constructor polls the store through its own
+connection until every rank has joined). Every backend's job store (gloo, NCCL, XCCL) goes through it; no value a
 store holds changes. The gloo groups' own stores get the same in gloo_calc_stream.
 """
 
@@ -20,7 +21,7 @@ import os
 
 from paddle_ext.comm.store_sockets import (
     job_store_endpoint,
-    set_nodelay_on_port,
+    nodelay_meanwhile,
     wait_until_listening,
 )
 from paddle_ext.patches._unit import Patcher, PatchUnit
@@ -38,10 +39,11 @@ def _prompt_store(original):
         endpoint = job_store_endpoint()
         if endpoint is not None and os.getenv("PADDLE_TRAINER_ID", "0") != "0":
             wait_until_listening(*endpoint, timeout=float(os.getenv("FLAGS_stop_check_timeout", "900")))
-        store = original(*args, **kwargs)
-        if endpoint is not None:
-            set_nodelay_on_port(endpoint[1])  # rank 0's server returned once every rank connected
-        return store
+        if endpoint is None:
+            return original(*args, **kwargs)
+        # rank 0's constructor waits for every rank through its own connection, polling
+        with nodelay_meanwhile(endpoint[1]):
+            return original(*args, **kwargs)
 
     create_or_get_global_tcp_store.__paddle_ext_unit__ = "store_latency"
     return create_or_get_global_tcp_store

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from paddle_ext.comm.store_sockets import set_nodelay_on_port, wait_until_listening
+from paddle_ext.comm.store_sockets import nodelay_meanwhile, wait_until_listening
 
 
 def all_reduce_on_calc_stream(self: Any, tensor: Any, op: Any = None) -> Any:
@@ -209,13 +209,14 @@ def _group_store(job_store: Any, group_id: int, rank: int, size: int) -> Any:
             probe.bind((host, 0))
             port = probe.getsockname()[1]
             job_store.set(key, f"{host}:{port}")
-            store = core.TCPStore(host, port, True, size, timeout)
+            with nodelay_meanwhile(port):  # it waits for every rank through its own connection
+                store = core.TCPStore(host, port, True, size, timeout)
     else:
         job_store.wait(key)
         host, port = job_store.get(key).decode().rsplit(":", 1)
         wait_until_listening(host, int(port), timeout)  # else a 3 s retry in Paddle's connect
-        store = core.TCPStore(host, int(port), False, size, timeout)
-    set_nodelay_on_port(int(port))  # every rank has connected once the constructor returned
+        with nodelay_meanwhile(int(port)):
+            store = core.TCPStore(host, int(port), False, size, timeout)
     _GROUP_STORES[group_id] = store
     return store
 

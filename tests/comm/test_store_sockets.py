@@ -104,3 +104,20 @@ def test_the_unit_wraps_the_job_stores_constructor_and_gives_paddles_back(clean_
     assert wrapped.__paddle_ext_unit__ == "store_latency"
     clean_series.disable()
     assert core.create_or_get_global_tcp_store is original
+
+
+def test_nodelay_meanwhile_covers_a_master_store_that_waits_for_its_workers():
+    """The master's constructor waits (GIL released) until a second rank joins, here a
+    thread 0.3 s later; the connections made meanwhile get the option, and the watcher
+    thread ends with the block."""
+    port = _free_port()
+    joined = []
+    worker = threading.Timer(0.3, lambda: joined.append(core.TCPStore("127.0.0.1", port, False, 2, 30)))
+    worker.start()
+    with store_sockets.nodelay_meanwhile(port):
+        master = core.TCPStore("127.0.0.1", port, True, 2, 30)
+    worker.join()
+    assert store_sockets.set_nodelay_on_port(port) == 0  # every end of both connections has it
+    assert not [t for t in threading.enumerate() if t.name.startswith("paddle_ext-store-nodelay")]
+    master.set("key", "value")
+    assert joined[0].get("key") == b"value"
