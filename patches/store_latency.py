@@ -26,6 +26,8 @@ from paddle_ext.comm.store_sockets import (
 )
 from paddle_ext.patches._unit import Patcher, PatchUnit
 
+_LISTEN_WAIT_S = 60.0
+
 
 def _core():
     from paddle.base import core
@@ -38,7 +40,8 @@ def _prompt_store(original):
     def create_or_get_global_tcp_store(*args, **kwargs):
         endpoint = job_store_endpoint()
         if endpoint is not None and os.getenv("PADDLE_TRAINER_ID", "0") != "0":
-            wait_until_listening(*endpoint, timeout=float(os.getenv("FLAGS_stop_check_timeout", "900")))
+            # at most a minute: past it, Paddle's own connect retries go on as without the unit
+            wait_until_listening(*endpoint, timeout=_LISTEN_WAIT_S)
         if endpoint is None:
             return original(*args, **kwargs)
         # rank 0's constructor waits for every rank through its own connection, polling

@@ -105,12 +105,11 @@ def _port(address_of: object) -> int | None:
 
 
 def job_store_endpoint() -> tuple[str, int] | None:
-    """(host, port) of the job store as Paddle's init_parallel_env reads them: MASTER_ADDR
-    and MASTER_PORT, else PADDLE_MASTER ("host:port"); None when neither is set."""
-    if os.getenv("MASTER_ADDR") and os.getenv("MASTER_PORT"):
-        endpoint = f"{os.getenv('MASTER_ADDR')}:{os.getenv('MASTER_PORT')}"
-    else:
-        endpoint = os.getenv("PADDLE_MASTER", "")
+    """(host, port) of the job store as core.create_or_get_global_tcp_store reads them
+    (phi's store_utils, every release): PADDLE_MASTER ("host:port"), else the first of
+    PADDLE_TRAINER_ENDPOINTS; None when neither is set. Not MASTER_ADDR / MASTER_PORT,
+    which only init_parallel_env's Python side reads."""
+    endpoint = os.getenv("PADDLE_MASTER") or os.getenv("PADDLE_TRAINER_ENDPOINTS", "").split(",")[0]
     host, _, port = endpoint.rpartition(":")
     try:
         return host, int(port)

@@ -1,6 +1,6 @@
 """paddle_ext.comm.store_sockets and the store_latency unit: TCP_NODELAY on exactly a
 store's connections, a client that waits for its server's listening socket, and the
-job store's address read as Paddle's init_parallel_env reads it."""
+job store's address read as Paddle's C++ store reads it (phi's GetMasterEndpoint)."""
 
 import contextlib
 import socket
@@ -82,14 +82,17 @@ def test_a_server_on_another_host_is_not_waited_for(monkeypatch):
 
 
 @pytest.mark.parametrize("env, expected", [
-    ({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "6170", "PADDLE_MASTER": "10.0.0.9:7000"}, ("10.0.0.1", 6170)),
-    ({"MASTER_ADDR": "10.0.0.1", "PADDLE_MASTER": "10.0.0.9:7000"}, ("10.0.0.9", 7000)),
-    ({"PADDLE_MASTER": "10.0.0.9:7000"}, ("10.0.0.9", 7000)),
+    # phi's GetMasterEndpoint: PADDLE_MASTER, else the first trainer endpoint; MASTER_ADDR /
+    # MASTER_PORT are not the store's
+    ({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "6170", "PADDLE_MASTER": "10.0.0.9:7000"}, ("10.0.0.9", 7000)),
+    ({"PADDLE_MASTER": "10.0.0.9:7000", "PADDLE_TRAINER_ENDPOINTS": "10.0.0.3:6170"}, ("10.0.0.9", 7000)),
+    ({"PADDLE_TRAINER_ENDPOINTS": "10.0.0.3:6170,10.0.0.4:6171"}, ("10.0.0.3", 6170)),
+    ({"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "6170"}, None),
     ({"PADDLE_MASTER": "no-port"}, None),
     ({}, None),
 ])
 def test_the_job_stores_address_is_read_as_paddle_reads_it(monkeypatch, env, expected):
-    for name in ("MASTER_ADDR", "MASTER_PORT", "PADDLE_MASTER"):
+    for name in ("MASTER_ADDR", "MASTER_PORT", "PADDLE_MASTER", "PADDLE_TRAINER_ENDPOINTS"):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
