@@ -7,7 +7,9 @@
 Importing paddle_ext changes nothing in Paddle's Python objects; enable() does,
 unit by unit, as listed in `python -m paddle_ext patches`. On AMD CPUs with AVX2
 the import points Paddle's MKL at its AVX2 kernels (paddle_ext.cpu_math;
-PADDLE_EXT_MKL_AMD=off leaves MKL's own choice).
+PADDLE_EXT_MKL_AMD=off leaves MKL's own choice). Where Paddle's core library brings a
+zlib of its own (2.6), the import keeps Python's zlib working, whether it comes before
+or after `import paddle` (paddle_ext.zlib_binding; PADDLE_EXT_ZLIB=off leaves it).
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ from paddle_ext import _source_tree
 
 _source_tree.check()  # an unbuilt checkout stops here, saying what to run
 
-from paddle_ext import cpu_math  # noqa: E402
+from paddle_ext import cpu_math, zlib_binding  # noqa: E402
 from paddle_ext._version import __version__  # noqa: E402
+
+# Before anything here imports Paddle (see zlib_binding).
+zlib_binding.decision = zlib_binding.prepare()
 
 # Before Paddle's MKL makes its first computation, on AMD only (see cpu_math).
 cpu_math.decision = cpu_math.prefer_avx2_path()

@@ -29,7 +29,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     import paddle
 
     import paddle_ext
-    from paddle_ext import compat, cpu_math
+    from paddle_ext import compat, cpu_math, zlib_binding
     from paddle_ext.ops import _library
 
     print(f"paddle_ext {paddle_ext.__version__}")
@@ -38,6 +38,8 @@ def cmd_doctor(args: argparse.Namespace) -> int:
           f"{getattr(paddle.version, 'commit', '?')[:12]}): {supported}")
     problems = compat.dependency_problems()
     print("dependencies: " + ("; ".join(f"BROKEN: {p}" for p in problems) if problems else "ok"))
+    print(zlib_binding.report())
+    problems += [p for p in [zlib_binding.problem()] if p]
     try:
         from paddle_ext import _C
 

@@ -679,6 +679,39 @@ def mkl_loaded() -> bool:
         return False
 
 
+def paddle_core_library() -> str | None:
+    """Paddle's core extension module, paddle/base/libpaddle.so (2.6.2 and 3.x), found
+    without importing Paddle; None where there is none."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.find_spec("paddle")
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        path = os.path.join(folder, "base", "libpaddle.so")
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+@functools.cache
+def paddle_links_system_zlib() -> bool:
+    """Whether Paddle's core library needs the system's libz.so.1 (DT_NEEDED), read from the
+    file without importing Paddle. 2.6.2's does, and also carries and exports a zlib 1.2.8 of
+    its own (nm -D: inflate, inflateReset2, deflateInit2_ ...; upstream issue #70538; PR
+    #64447 moved that copy to 1.2.11 after 2.6): libz.so.1, loaded in libpaddle.so's scope,
+    binds its calls into itself to that copy (paddle_ext.zlib_binding). 3.3.1's links no
+    libz and exports no zlib (measured)."""
+    from paddle_ext import _elf
+
+    path = paddle_core_library()
+    if path is None:
+        return False
+    try:
+        return "libz.so.1" in _elf.ElfFile(path).needed()
+    except (OSError, _elf.ElfError):
+        return False
+
+
 # --- V placement (pipeline/schedule/vshape.py: zb-v, dualpipev) --------------------------
 
 def pipeline_is_v(layers: Any) -> bool:

@@ -253,6 +253,7 @@ def test_doctor_reports_versions_backends_and_patches():
     assert "c_embedding_check" in out
     assert "Paddle's MKL code path: " in out and "GFLOP/s on this path" in out
     assert "dependencies: ok" in out  # the install's pins hold (paddle_ext._requirements)
+    assert "\nzlib: ok; libz.so.1 at " in out  # paddle_ext.zlib_binding
 
 
 def test_requirements_pin_what_each_release_breaks_with():
