@@ -69,24 +69,27 @@ class LMLoss(nn.Layer):
         return F.cross_entropy(logits.reshape([-1, logits.shape[-1]]), labels.reshape([-1, 1])).mean()
 
 
-def pipeline_model(vocab: int, hidden: int, seq: int, blocks: int, pp: int, vpp: int = 1):
+def pipeline_model(vocab: int, hidden: int, seq: int, blocks: int, pp: int, vpp: int = 1, block: type | None = None,
+                   **pipeline_kwargs):
     """The model as a fleet PipelineLayer with the lm head tied to the embedding.
 
     Built on fleet's hybrid topology (fleet.init first), as PaddleNLP does: with
     only num_stages, Paddle 2.6's PipelineLayer makes a topology without a
-    sharding axis and its tied-weight set-up fails."""
+    sharding axis and its tied-weight set-up fails. block: the blocks' class (Block, or a
+    subclass: segmented by "layer:Block" all the same); pipeline_kwargs go to
+    PipelineLayer (recompute_interval, recompute_ctx)."""
     import paddle.distributed.fleet as fleet
     from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, SharedLayerDesc
 
     descs = [SharedLayerDesc("embed", Embedding, shared_weight_attr="embedding_weight",
                              vocab=vocab, hidden=hidden, seq=seq, layer_id=0)]
-    descs += [LayerDesc(Block, hidden=hidden, layer_id=i + 1) for i in range(blocks)]
+    descs += [LayerDesc(block or Block, hidden=hidden, layer_id=i + 1) for i in range(blocks)]
     descs += [SharedLayerDesc("embed", Embedding, forward_func=lm_head, shared_weight_attr="embedding_weight",
                               vocab=vocab, hidden=hidden, seq=seq, layer_id=0)]
     topology = fleet.get_hybrid_communicate_group().topology()
     assert topology.get_dim("pipe") == pp, (topology.get_dim("pipe"), pp)
     return PipelineLayer(layers=descs, topology=topology, loss_fn=LMLoss(), seg_method="layer:Block",
-                         num_virtual_pipeline_stages=vpp if vpp > 1 else None)
+                         num_virtual_pipeline_stages=vpp if vpp > 1 else None, **pipeline_kwargs)
 
 
 class Head(Embedding):

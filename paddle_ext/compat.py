@@ -771,3 +771,39 @@ def upstream_local_shared_layer_desc_class() -> Any:
     except ImportError:
         return None
     return LocalSharedLayerDesc
+
+
+# --- recompute on CPU builds (host_recompute) -------------------------------------------
+
+def recompute_modules() -> tuple[Any, Any]:
+    """(recompute, recompute_hybrid): the modules of paddle.distributed.fleet.recompute
+    (the package's names `recompute` / `recompute_hybrid` are the functions)."""
+    import importlib
+
+    package = "paddle.distributed.fleet.recompute"
+    return importlib.import_module(f"{package}.recompute"), importlib.import_module(f"{package}.recompute_hybrid")
+
+
+def _refuses_cpu(function: Any) -> bool:
+    """Whether Paddle's function has an RNG device check ("... not support current device")
+    with no branch for the CPU (a 'cpu' string beside it, as 3.x's non-reentrant recompute)."""
+    consts = [c for c in function.__code__.co_consts if isinstance(c, str)]
+    return any("not support current device" in c for c in consts) and "cpu" not in consts
+
+
+def recompute_cpu_refusals() -> list[tuple[Any, str, Any]]:
+    """(owner, attribute, function) of Paddle's recompute functions whose RNG device check
+    refuses the CPU: recompute_hybrid's _HPRecomputeFunction.forward (a staticmethod;
+    2.6 to 3.3 all assert) and 2.6's _recompute_without_reentrant (3.x's saves the CPU
+    generator's state itself)."""
+    recompute, hybrid = recompute_modules()
+    layer = hybrid._HPRecomputeFunction
+    candidates = [(layer, "forward", vars(layer)["forward"].__func__),
+                  (recompute, "_recompute_without_reentrant", recompute._recompute_without_reentrant)]
+    return [(owner, name, f) for owner, name, f in candidates if _refuses_cpu(f)]
+
+
+def hybrid_recompute_layer() -> Any:
+    """recompute_hybrid's PyLayer (_HPRecomputeFunction): its backward brings offloaded /
+    partitioned inputs back with Tensor.cuda() on every release."""
+    return recompute_modules()[1]._HPRecomputeFunction

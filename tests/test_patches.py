@@ -19,6 +19,7 @@ from paddle_ext.patches import (
     fused_rms_norm,
     fused_rotary,
     host_checkpoint,
+    host_recompute,
     host_sharding,
     read_series,
     series,
@@ -74,6 +75,9 @@ def patched_attributes():
         fusions = [host_sharding.fusion_module()] if compat.tensor_fusion_device_aware() else []
         fusions += [m for m in (compat.optimizer_fusion_module(),) if m is not None]
         owners += [(m, name) for m in fusions for name in ("alignment", "get_current_device_type")]
+    if host_recompute.UNIT.unavailable() is None:  # CPU builds
+        owners += [(owner, name) for owner, name, _ in compat.recompute_cpu_refusals()]
+        owners += [(compat.hybrid_recompute_layer(), "backward")]
     if compat.paddle_version()[:2] < (3, 1):  # 2.6, 3.0: the unit adds them (3.1+ have Paddle's)
         owners += [(compat.meta_parallel_module(), name) for name in ("ScheduleNode", "ScheduleChunk")]
     return {(id(o), name): vars(o).get(name, MISSING) for o, name in owners}
@@ -88,7 +92,7 @@ def test_series_file_lists_every_unit_with_its_upstream_pr():
     assert names == ["store_latency", "gloo_calc_stream", "c_embedding_check", "parallel_cross_entropy", "pipeline_engine", "shared_comm_sep",
                      "fused_rotary", "fb_overlap",
                      "flash_attention", "comm_debug", "eager_connection", "device_synchronize",
-                     "fused_rms_norm", "paddleformers_overlap", "host_checkpoint", "host_sharding"]
+                     "fused_rms_norm", "paddleformers_overlap", "host_checkpoint", "host_sharding", "host_recompute"]
     for state in series().states:
         assert state.unit.upstream, state.unit.name
         assert all(isinstance(n, int) and n > 1000 for n in state.unit.upstream)

@@ -134,9 +134,14 @@ def _requires_grad(payload: Any) -> list[paddle.Tensor]:
 
 
 def _release(payload: Any) -> None:
-    """Frees the data of tensors already sent; their autograd nodes stay usable."""
+    """Frees the data of tensors already sent; their autograd nodes stay usable. As
+    fleet's PipelineParallel._release_output, not a tensor modified in place
+    (inplace_version > 0) unless marked `pp_can_free`: a PyLayer's output that is one of
+    its inputs counts so (a tensor a recompute segment passes through, position ids, say),
+    and the recompute's backward reads it again."""
     for t in as_tuple(payload):
-        if isinstance(t, paddle.Tensor) and t._is_initialized():
+        if isinstance(t, paddle.Tensor) and t._is_initialized() and (
+                t.inplace_version == 0 or getattr(t, "pp_can_free", False)):
             t._clear_dataptr()
 
 
