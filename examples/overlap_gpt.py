@@ -152,7 +152,7 @@ class OverlapGPT(PipelineLayer):
 
 
 def overlap_model(vocab: int, hidden: int, seq: int, blocks: int, pp: int, vpp: int = 1,
-                  heads: int = 2, overlapped: bool = True, use_dualpipev: bool = False):
+                  heads: int = 2, overlapped: bool = True, use_dualpipev: bool = False, loss_fn=None):
     """The model as a fleet PipelineLayer (after fleet.init). overlapped=False builds a
     plain PipelineLayer of the same layers, without `overlapped_forward_backward`.
     use_dualpipev: segmented for the V placement (Paddle 3.3), the head a copy of the
@@ -175,7 +175,8 @@ def overlap_model(vocab: int, hidden: int, seq: int, blocks: int, pp: int, vpp: 
     cls = OverlapGPT if overlapped else PipelineLayer
     layout = {"use_dualpipev": True} if use_dualpipev else {
         "num_virtual_pipeline_stages": vpp if vpp > 1 else None}
-    return cls(layers=descs, topology=topology, loss_fn=LMLoss(), seg_method="layer:TransformerBlock",
+    return cls(layers=descs, topology=topology, loss_fn=LMLoss() if loss_fn is None else loss_fn,
+               seg_method="layer:TransformerBlock",
                **layout)
 
 

@@ -70,14 +70,15 @@ class LMLoss(nn.Layer):
 
 
 def pipeline_model(vocab: int, hidden: int, seq: int, blocks: int, pp: int, vpp: int = 1, block: type | None = None,
-                   **pipeline_kwargs):
+                   loss_fn=None, **pipeline_kwargs):
     """The model as a fleet PipelineLayer with the lm head tied to the embedding.
 
     Built on fleet's hybrid topology (fleet.init first), as PaddleNLP does: with
     only num_stages, Paddle 2.6's PipelineLayer makes a topology without a
     sharding axis and its tied-weight set-up fails. block: the blocks' class (Block, or a
     subclass: segmented by "layer:Block" all the same); pipeline_kwargs go to
-    PipelineLayer (recompute_interval, recompute_ctx)."""
+    PipelineLayer (recompute_interval, recompute_ctx). loss_fn: the PipelineLayer's (default
+    LMLoss(); a list gives it several, Paddle 3.x's contract)."""
     import paddle.distributed.fleet as fleet
     from paddle.distributed.fleet.meta_parallel import LayerDesc, PipelineLayer, SharedLayerDesc
 
@@ -88,7 +89,8 @@ def pipeline_model(vocab: int, hidden: int, seq: int, blocks: int, pp: int, vpp:
                               vocab=vocab, hidden=hidden, seq=seq, layer_id=0)]
     topology = fleet.get_hybrid_communicate_group().topology()
     assert topology.get_dim("pipe") == pp, (topology.get_dim("pipe"), pp)
-    return PipelineLayer(layers=descs, topology=topology, loss_fn=LMLoss(), seg_method="layer:Block",
+    return PipelineLayer(layers=descs, topology=topology, loss_fn=LMLoss() if loss_fn is None else loss_fn,
+                         seg_method="layer:Block",
                          num_virtual_pipeline_stages=vpp if vpp > 1 else None, **pipeline_kwargs)
 
 
@@ -100,7 +102,7 @@ class Head(Embedding):
 
 
 def v_pipeline_model(vocab: int, hidden: int, seq: int, blocks: int, pp: int, tied: bool = True,
-                     native: bool | None = None):
+                     native: bool | None = None, loss_fn=None):
     """The model as a PipelineLayer segmented for the V placement (rank r holds stages r
     and 2*pp-1-r): Paddle 3.3's use_dualpipev=True where this Paddle has it, else the
     plugin's VPipelineLayer (native=False forces the plugin's; paddle_ext.pipeline.v_layer).
@@ -124,7 +126,8 @@ def v_pipeline_model(vocab: int, hidden: int, seq: int, blocks: int, pp: int, ti
     else:
         descs += [LayerDesc(Head, **args)]
     topology = fleet.get_hybrid_communicate_group().topology()
-    return v_pipeline_layer(descs, topology=topology, loss_fn=LMLoss(), seg_method="layer:Block", native=native)
+    return v_pipeline_layer(descs, topology=topology, loss_fn=LMLoss() if loss_fn is None else loss_fn,
+                            seg_method="layer:Block", native=native)
 
 
 class Reference(nn.Layer):

@@ -367,7 +367,8 @@ def _node_program(model: paddle.nn.Layer, ids: paddle.Tensor, labels: paddle.Ten
 
     return StageProgram(rank=0, pp=1, vpp=2, forward=unused, loss=unused, backward_loss=unused,
                         first_input=lambda mb: ids[mb * rows:(mb + 1) * rows], schedule_chunk=schedule_chunk,
-                        loss_node=make_loss_node, record_loss=losses.append, overlapped_forward_backward=overlapped,
+                        loss_node=make_loss_node, record_loss=lambda loss, _outputs, _mb: losses.append(loss.detach()),
+                        overlapped_forward_backward=overlapped,
                         placement="v")
 
 

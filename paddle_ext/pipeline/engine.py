@@ -30,19 +30,19 @@ import dataclasses
 import time
 import warnings
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 import paddle
 
 from paddle_ext import compat
 from paddle_ext.comm import eager, trace
-from paddle_ext.errors import InvalidArgumentError
 from paddle_ext.pipeline.fleet_surface import (
     PipelineParallelSurface,
     adopt_fleet_class,
     micro_batch_data,
 )
 from paddle_ext.pipeline.grad_sync import GradReducer, GradSyncSettings
+from paddle_ext.pipeline.losses import StageLosses, check_loss_fn_idx
 from paddle_ext.pipeline.microbatch import MicroBatches
 from paddle_ext.pipeline.runtime.groups import link_groups, neighbour_groups
 from paddle_ext.pipeline.runtime.interpreter import Interpreter, StageProgram
@@ -209,6 +209,7 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         check_schedule_kind(settings, self.vpp, self.placement)
         self._split: Optional[WeightGradStore] = None  # zero-bubble: made with the first such schedule
         self.last_step: Optional[StepStats] = None
+        self.last_eval: Optional[StepStats] = None  # eval_batch's run
         broadcast_replicas(layers, hcg)
         # dp / sharding gradient reduction, overlapped with the backward (pipeline/grad_sync.py)
         self._grad_sync = GradReducer.for_engine(layers, hcg, self.accumulate_steps,
@@ -245,8 +246,16 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
             validate(schedule)
         self._schedules[schedule.microbatches] = schedule
 
-    def schedule(self, microbatches: Optional[int] = None) -> Schedule:
+    def schedule(self, microbatches: Optional[int] = None, forward_only: bool = False) -> Schedule:
+        """The lowered schedule this engine runs for `microbatches` (default
+        accumulate_steps): training's, or evaluation's with forward_only."""
         m = microbatches or self.accumulate_steps
+        if forward_only:
+            if ("forward", m) not in self._schedules:
+                kind = "forward-v" if self.placement == "v" else "forward"
+                self._schedules[("forward", m)] = lower(generate(self.num_stages, self.vpp, m, kind),
+                                                        async_p2p=self.settings.overlap_p2p)
+            return self._schedules[("forward", m)]
         if m not in self._schedules:
             kind = self.settings.kind or ("1f1b" if self.vpp == 1 else "interleaved")
             overlapped = self.settings.fb_overlap or (kind == "dualpipev" and self.overlap_schedule_mode)
@@ -262,11 +271,10 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         return self._layers(*args, **kwargs)
 
     def train_batch(self, data: Any, optimizer: Any, lr_scheduler: Any = None, scaler: Any = None,
-                    loss_fn_idx: int = 0, return_micro_batch_loss: bool = False) -> paddle.Tensor:
-        loss_fns = compat.pipeline_loss_fns(self._layers)
-        if not 0 <= loss_fn_idx < len(loss_fns) or loss_fns[loss_fn_idx] is None:
-            raise InvalidArgumentError(f"loss_fn_idx = {loss_fn_idx} names no loss function of the PipelineLayer "
-                             f"(it has {len(loss_fns)})")
+                    loss_fn_idx: int = 0, return_micro_batch_loss: bool = False) -> Any:
+        """One step: the schedule, the reductions, the optimizer. Returns the loss, or with
+        several loss functions one entry per function (pipeline/losses.py)."""
+        check_loss_fn_idx(compat.pipeline_loss_fns(self._layers), loss_fn_idx)
         self.loss_fn_idx = loss_fn_idx
         self._layers.train()
         loss = self._forward_backward(data, optimizer, scaler, return_micro_batch_loss, scale_accumulation=True)
@@ -302,7 +310,8 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         caller, as Paddle's does)."""
         m = self.accumulate_steps
         self._check_accumulate_steps(m)  # a trainer may have changed it since the last step
-        loss_fn = compat.pipeline_loss_fns(self._layers)[self.loss_fn_idx]
+        batches = MicroBatches(data, m, self.micro_batch_size)
+        losses = self._stage_losses(batches, self.loss_fn_idx)
         if self._grad_sync is not None:
             self._grad_sync.begin_step(optimizer, self.schedule(m).ranks[self.stage_id], microbatches=m,
                                        scale_accumulation=scale_accumulation and self.settings.delay_scale_loss)
@@ -310,7 +319,7 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         self._reset_user_hooks_status()
         self.user_hooks_enabled = True
         self._micro_steps.step_ids = True
-        losses = self._run(data, loss_fn, scaler, compute_loss=True)
+        self.last_step = self._run(batches, losses, scaler, losses)
         if self.settings.profiling:
             write_profile_records(profile_records(self.last_step.spans, self.stage_id, self.vpp > 1),
                                   compat.global_rank())
@@ -330,52 +339,50 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
             print(self._timers.line(), flush=True)
         return loss
 
-    def _run(self, data: Any, loss_fn: Any, scaler: Any, compute_loss: bool) -> list:
+    def _stage_losses(self, batches: MicroBatches, loss_fn_idx: int) -> StageLosses:
         m = self.accumulate_steps
-        batches = MicroBatches(data, m, self.micro_batch_size)
-        losses: list = []
-        scale = not self.settings.delay_scale_loss and m > 1
+        return StageLosses(compat.pipeline_loss_fns(self._layers), loss_fn_idx, batches.labels,
+                           m if m > 1 and not self.settings.delay_scale_loss else None)
 
-        def stage_loss(output: Any, mb: int) -> paddle.Tensor:
-            loss = loss_fn(output, batches.labels(mb))
-            if scale:
-                loss = loss / m
-            losses.append(loss.detach())
-            return loss
+    def _run(self, batches: MicroBatches, last_stage: Callable[[Any, int], Any], scaler: Any,
+             losses: Optional[StageLosses] = None, forward_only: bool = False) -> StepStats:
+        """Runs this rank's list of the step's schedule (forward_only: evaluation's) with
+        the interpreter. last_stage: (loss stage output, mb) -> the loss to back-propagate
+        (a StageLosses) or, in evaluation, None after keeping what eval_batch returns."""
+        m = self.accumulate_steps
 
         def backward_loss(loss: paddle.Tensor) -> None:
             (scaler.scale(loss) if scaler is not None else loss).backward()
 
         forward = (lambda x, chunk: self._layers(x, chunk_id=chunk)) if self.vpp > 1 else (lambda x, chunk: self._layers(x))
         program = StageProgram(rank=self.stage_id, pp=self.num_stages, vpp=self.vpp, forward=forward,
-                               loss=stage_loss, first_input=batches.inputs, backward_loss=backward_loss,
+                               loss=last_stage, first_input=batches.inputs, backward_loss=backward_loss,
                                placement=self.placement,
                                micro_steps=self._micro_steps if self.placement != "v" else None)
-        if self._grad_sync is not None:
-            program.on_grad_sync = self._grad_sync.on_grad_sync
-        if self.overlap_schedule_mode:
-            self._use_schedule_nodes(program, batches, loss_fn, scaler, losses)
-        actions = self.schedule(m).ranks[self.stage_id]
-        if any(isinstance(a, (I, W)) for a in actions):
-            if self._split is None:
-                self._split = WeightGradStore().bind(compat.pipeline_model_chunks(self._layers))
-            program.split = self._split
-            self._split.begin_step()
+        schedule = self.schedule(m, forward_only)
+        if not forward_only:
+            if self._grad_sync is not None:
+                program.on_grad_sync = self._grad_sync.on_grad_sync
+            if self.overlap_schedule_mode:
+                self._use_schedule_nodes(program, losses, scaler)
+            if any(isinstance(a, (I, W)) for a in schedule.ranks[self.stage_id]):
+                if self._split is None:
+                    self._split = WeightGradStore().bind(compat.pipeline_model_chunks(self._layers))
+                program.split = self._split
+                self._split.begin_step()
         start = time.perf_counter()
-        interpreter = Interpreter(program, actions, self._p2p, async_links=self._links)
+        interpreter = Interpreter(program, schedule.ranks[self.stage_id], self._p2p, async_links=self._links,
+                                  channel="eval" if forward_only else "act")
         interpreter.run()
         split = program.split.end_step() if program.split is not None else None
-        self.last_step = StepStats(time.perf_counter() - start, interpreter.peak_in_flight, m, interpreter.spans,
-                                   split)
-        return losses
+        return StepStats(time.perf_counter() - start, interpreter.peak_in_flight, m, interpreter.spans, split)
 
-    def _use_schedule_nodes(self, program: StageProgram, batches: MicroBatches, loss_fn: Any,
-                            scaler: Any, losses: list) -> None:
+    def _use_schedule_nodes(self, program: StageProgram, losses: StageLosses, scaler: Any) -> None:
         """Runs chunks as upstream's schedule chunks and the loss as a loss node, and F&B
         steps through the model's overlapped_forward_backward."""
         from paddle_ext.pipeline import nodes
 
-        layers, m = self._layers, self.accumulate_steps
+        layers = self._layers
         # The PipelineLayer's own get_schedule_chunk where it has one (Paddle 3.1+, the
         # fb_overlap patch unit, or the user's override), else the same thing built here.
         get_chunk = getattr(layers, "get_schedule_chunk", None)
@@ -385,40 +392,31 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
             chunk_id = chunk if vpp > 1 else None
             return get_chunk(chunk_id=chunk_id) if get_chunk is not None else nodes.schedule_chunk(layers, chunk_id)
 
-        def loss_node(mb: int) -> Any:
-            node = nodes.loss_node(loss_fn)
-            node.labels = batches.labels(mb)
-            if m > 1 and not self.settings.delay_scale_loss:
-                node.scale_loss_factor = m
-            return node
-
         program.schedule_chunk = schedule_chunk
-        program.loss_node = loss_node
-        program.record_loss = losses.append
+        program.loss_node = losses.node
+        program.record_loss = losses.record_node_loss
         program.overlapped_forward_backward = layers.overlapped_forward_backward
         program.scaler = scaler
 
-    def _broadcast_loss(self, losses: list, per_microbatch: bool) -> paddle.Tensor:
+    def _broadcast_loss(self, losses: StageLosses, per_microbatch: bool) -> Any:
+        """The loss stage's totals (one per loss function) to every stage, as fleet's
+        _broadcast_final_loss: the tensor for one loss function, else the list."""
         last = 0 if self.placement == "v" else self.num_stages - 1  # the stage with the loss
         src = self._hcg.get_rank_from_stage(last)
         m = self.accumulate_steps
         if self.stage_id == last:
-            if per_microbatch:
-                loss = paddle.stack(losses)
-            else:
-                loss = paddle.zeros_like(losses[0])
-                for item in losses:  # the order fleet sums them in
-                    loss += item
-                if self.settings.delay_scale_loss:
-                    loss = loss / m
+            totals = losses.totals(per_microbatch, m if self.settings.delay_scale_loss else None)
         else:
-            loss = paddle.zeros([m] if per_microbatch else [], dtype="float32")
+            totals = [paddle.zeros([m] if per_microbatch else [], dtype="float32") for _ in losses.loss_fns]
         group = self.pp_group
-        if self.settings.dualpipev and not per_microbatch:  # DualPipeVParallel: float32 of shape [1]
-            loss = loss.astype("float32").reshape([1])
-        trace.call(group.process_group, "broadcast", loss, group.get_group_rank(src), True, tensors=(loss,),
-                   what="loss broadcast").wait()
-        return loss
+        out = []
+        for loss in totals:
+            if self.settings.dualpipev and not per_microbatch:  # DualPipeVParallel: float32 of shape [1]
+                loss = loss.astype("float32").reshape([1])
+            trace.call(group.process_group, "broadcast", loss, group.get_group_rank(src), True, tensors=(loss,),
+                       what="loss broadcast").wait()
+            out.append(loss)
+        return out[0] if len(out) == 1 else out
 
     def _optimizer_step(self, optimizer: Any, lr_scheduler: Any, scaler: Any) -> None:
         reduced_here = self._grad_sync is not None and not self._grad_sync.deferred
@@ -446,10 +444,15 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
     @paddle.no_grad()
     def eval_batch(self, data: Any, compute_loss: bool = False, loss_fn_idx: int = 0,
                    return_host_tensor: bool = False) -> Any:
-        """Forward only, micro-batch after micro-batch; returns the loss (compute_loss)
-        or, on the last stage, the outputs of every micro-batch (None elsewhere; on the
+        """Forward only, through the forward-only schedule (kinds forward / forward-v) and
+        the one interpreter: transfers on the communication threads when training uses
+        them, errors naming the failing action and its position. Returns the loss
+        (compute_loss; one entry per loss function when the PipelineLayer has several)
+        or, on the loss stage, the outputs of every micro-batch (None elsewhere; on the
         host with return_host_tensor). `data` as for train_batch, or a
         PipelineDatasetPreprocessor."""
+        check_loss_fn_idx(compat.pipeline_loss_fns(self._layers), loss_fn_idx)
+        self.loss_fn_idx = loss_fn_idx
         self._layers.eval()
         self.set_virtual_pipeline_rank(0)
         self._new_step_shapes()
@@ -458,63 +461,18 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         hooks.reset()
         hooks.step_ids = self.vpp > 1
         m = self.accumulate_steps
+        self._check_accumulate_steps(m)
         if isinstance(data, compat.pipeline_dataset_preprocessor_classes()):
             data = data()
         batches = MicroBatches(micro_batch_data(data, m), m, self.micro_batch_size)
-        loss_fn = compat.pipeline_loss_fns(self._layers)[loss_fn_idx] if compute_loss else None
-        pp, rank = self.num_stages, self.stage_id
-        outputs, losses = [], []
-        if self.placement == "v":
-            return self._eval_v(batches, loss_fn, compute_loss, return_host_tensor)
-        for mb in range(m):
-            for chunk in range(self.vpp):
-                first, last = chunk == 0 and rank == 0, chunk == self.vpp - 1 and rank == pp - 1
-                x = batches.inputs(mb) if first else self._p2p.recv_activation(
-                    ("eval", chunk), (rank - 1) % pp, f"eval RA{chunk}.{mb}")
-                hooks.forward_begin(x)
-                y = self._layers(x, chunk_id=chunk) if self.vpp > 1 else self._layers(x)
-                hooks.forward_end(x, y)
-                if not last:
-                    self._p2p.send_activation(("eval", chunk if rank < pp - 1 else chunk + 1), y, (rank + 1) % pp,
-                                              f"eval SA{chunk}.{mb}")
-                else:
-                    self._eval_output(y, mb, batches, loss_fn, losses if compute_loss else None, outputs,
-                                      return_host_tensor)
+        losses = self._stage_losses(batches, loss_fn_idx)
+        outputs: list = []
+
+        def keep_output(y: Any, mb: int) -> None:
+            outputs.append(y.cpu() if return_host_tensor else y)
+
+        self.last_eval = self._run(batches, losses if compute_loss else keep_output, None, forward_only=True)
         if compute_loss:
             return self._broadcast_loss(losses, per_microbatch=False)
-        return outputs if rank == pp - 1 else None
-
-    def _eval_output(self, y: Any, mb: int, batches: MicroBatches, loss_fn: Any, losses: Optional[list],
-                     outputs: list, host: bool = False) -> None:
-        """The loss stage's eval result: the loss scaled as train_batch scales it (summed
-        by _broadcast_loss), or the output itself (on the host with `host`) when `losses`
-        is None."""
-        if losses is None:
-            outputs.append(y.cpu() if host else y)
-            return
-        m = self.accumulate_steps
-        loss = loss_fn(y, batches.labels(mb))
-        losses.append(loss / m if m > 1 and not self.settings.delay_scale_loss else loss)
-
-    def _eval_v(self, batches: MicroBatches, loss_fn: Any, compute_loss: bool,
-                return_host_tensor: bool = False) -> Any:
-        """eval_batch on the V placement: chunk 0 down the ranks, chunk 1 back up, the
-        last rank handing chunk 0's output to chunk 1 in place; rank 0 has the loss."""
-        pp, rank, m = self.num_stages, self.stage_id, self.accumulate_steps
-        outputs, losses = [], []
-        for mb in range(m):
-            x = batches.inputs(mb) if rank == 0 else self._p2p.recv_activation(("eval", 0), rank - 1,
-                                                                               f"eval RA0.{mb}")
-            y = self._layers(x, chunk_id=0)
-            if rank < pp - 1:
-                self._p2p.send_activation(("eval", 0), y, rank + 1, f"eval SA0.{mb}")
-                y = self._p2p.recv_activation(("eval", 1), rank + 1, f"eval RA1.{mb}")
-            y = self._layers(y, chunk_id=1)
-            if rank > 0:
-                self._p2p.send_activation(("eval", 1), y, rank - 1, f"eval SA1.{mb}")
-            else:
-                self._eval_output(y, mb, batches, loss_fn, losses if compute_loss else None, outputs,
-                                      return_host_tensor)
-        if compute_loss:
-            return self._broadcast_loss(losses, per_microbatch=False)
-        return outputs if rank == 0 else None
+        last = 0 if self.placement == "v" else self.num_stages - 1
+        return outputs if self.stage_id == last else None

@@ -41,9 +41,11 @@ def test_delay_scale_loss_and_grad_scaler_equal_single_process_bitwise(mode, mar
     assert f"pp=2 vpp=2 M=5 {marker}: bitwise equal" in result.logs[0], result.describe()
 
 
-@pytest.mark.parametrize("where, placement", [("forward", ""), ("backward", ""), ("backward", "v")])
+@pytest.mark.parametrize("where, placement", [("forward", ""), ("backward", ""), ("backward", "v"), ("eval", ""),
+                                              ("eval", "v")])
 def test_a_failing_rank_ends_every_rank_with_rank_action_and_position(where, placement):
-    """placement v: dualpipev on the V placement (use_dualpipev)."""
+    """placement v: dualpipev on the V placement (use_dualpipev). eval: eval_batch's
+    forward-only schedule runs through the interpreter, which names the action."""
     result = launch("pipeline_failure.py", "2", "1", where, *((placement,) if placement else ()), nproc=2,
                     timeout=120)
     assert not result.timed_out, result.describe()
@@ -52,5 +54,20 @@ def test_a_failing_rank_ends_every_rank_with_rank_action_and_position(where, pla
     assert f"injected failure in {where}" in result.logs[1]
     match = re.search(r"pipeline rank 1: action ([FB]0\.\d) \(position (\d+) of (\d+)", result.logs[1])
     assert match, result.describe()
-    assert match.group(1).startswith("F" if where == "forward" else "B")
+    assert match.group(1).startswith("B" if where == "backward" else "F")
     assert "finished without failure" not in result.all_text()
+
+
+def test_several_loss_functions_every_schedule_kind_as_paddle_3():
+    """PipelineLayer(loss_fn=[cross entropy, z-loss]) through 1F1B, VPP, ZB-H1, interleaved
+    ZB, the F/B overlap scheduler (node mode, communication threads), ZB-V and DualPipeV,
+    each loss_fn_idx, both return forms, eval_batch; against one process and (3.x)
+    Paddle's own PipelineParallel."""
+    result = launch("pipeline_losses.py", nproc=2, timeout=240)
+    assert result.returncode == 0, result.describe()
+    for rank in range(2):
+        log = result.logs[rank]
+        assert f"rank {rank}: all loss checks passed" in log, result.describe()
+        assert len(re.findall(rf"rank {rank}: \S+ loss_fn_idx=[01]: both losses, grads and params bitwise equal",
+                              log)) == 14, result.describe()
+        assert f"rank {rank}: loss_fn_idx = 2 refused" in log

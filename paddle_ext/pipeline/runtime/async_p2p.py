@@ -73,8 +73,10 @@ class CommThread:
     incoming links (groups.link_groups)."""
 
     def __init__(self, send_p2p: P2P, recv_p2p: P2P, actions: Sequence[Any], rank: int,
-                 release: Callable[[Any], None], clock: Callable[[], float] = time.time) -> None:
+                 release: Callable[[Any], None], clock: Callable[[], float] = time.time,
+                 channel: str = "act") -> None:
         self.send_p2p, self.recv_p2p = send_p2p, recv_p2p
+        self.channel = channel  # the activation channels' name (Interpreter's `channel`)
         self.rank = rank
         self._release = release
         self._clock = clock
@@ -207,14 +209,14 @@ class CommThread:
                     return
                 ticket.posted = self._clock()
                 if isinstance(a, SendAct):
-                    self.send_p2p.send_activation(("act", a.chunk), ticket.payload, a.peer, str(a))
+                    self.send_p2p.send_activation((self.channel, a.chunk), ticket.payload, a.peer, str(a))
                     self._release(ticket.payload)
                     ticket.payload = None
                 elif isinstance(a, SendGrad):
                     self.send_p2p.send_grads(ticket.payload, a.peer, str(a))
                     ticket.payload = None
                 elif isinstance(a, RecvAct):
-                    ticket.payload = self.recv_p2p.recv_activation(("act", a.chunk), a.peer, str(a))
+                    ticket.payload = self.recv_p2p.recv_activation((self.channel, a.chunk), a.peer, str(a))
                 else:
                     ticket.payload = self.recv_p2p.recv_grads_into(self._claim_buffers(ticket), a.peer, str(a))
                 ticket.finished = self._clock()

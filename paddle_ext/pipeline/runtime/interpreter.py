@@ -40,6 +40,12 @@ hand-over: F1.m takes F0.m's output detached, B0.m takes B1.m's input gradients)
 Two ways to communicate: in list order on this thread (blocking send/recv), or
 with `async_links` on communication threads (async_p2p.py), one per directed
 link, that run the transfers in the list's order while this thread computes.
+
+Forward-only lists (schedule kinds forward / forward-v: the engine's eval_batch) run the
+same way with no backward: a (chunk, mb) is let go as soon as its output is sent, handed
+over, or given to the loss stage's `loss` callback (which computes the losses or keeps
+the outputs), and the transfers use their own channels (`channel`), whose payload
+headers are not training's.
 """
 
 from __future__ import annotations
@@ -65,6 +71,7 @@ from paddle_ext.pipeline.schedule.ir import (
     SendAct,
     SendGrad,
     W,
+    computes,
 )
 
 
@@ -88,7 +95,9 @@ class StageProgram:
     # labels and scale set; the loss a loss node computed (detached) -> recorded.
     schedule_chunk: Optional[Callable[[int], Any]] = None
     loss_node: Optional[Callable[[int], Any]] = None
-    record_loss: Callable[[paddle.Tensor], None] = lambda loss: None
+    # (loss, the chunk's outputs, mb): the loss stage's outputs let the engine compute the
+    # other loss functions of a PipelineLayer with several (pipeline/losses.py)
+    record_loss: Callable[[paddle.Tensor, Any, int], None] = lambda loss, outputs, mb: None
     # The model's overlapped_forward_backward (bound), used for F&B steps in node mode.
     overlapped_forward_backward: Optional[Callable[..., Any]] = None
     scaler: Any = None
@@ -215,11 +224,15 @@ class P2PAsyncHandle:
 
 class Interpreter:
     def __init__(self, program: StageProgram, actions: Sequence[Any], transport: P2P,
-                 async_links: Optional[tuple[P2P, P2P]] = None) -> None:
+                 async_links: Optional[tuple[P2P, P2P]] = None, channel: str = "act") -> None:
         """async_links: (to, from) transports over this rank's one-way link groups; given,
-        the transfers run on communication threads (async_p2p.py)."""
+        the transfers run on communication threads (async_p2p.py). channel: the name of
+        this run's activation channels (their payload headers are cached per name)."""
         self.program = program
         self.actions = list(actions)
+        self.channel = channel
+        # No backward anywhere: an evaluation list (module docstring, Schedule.forward_only).
+        self.forward_only = all(type(p) is F for a in self.actions for p in computes(a))
         self.p2p = transport
         self.async_links = async_links
         self.comm: Optional[CommThread] = None
@@ -250,7 +263,7 @@ class Interpreter:
         if self.async_links is not None:
             send_p2p, recv_p2p = self.async_links
             self.comm = CommThread(send_p2p, recv_p2p, self.actions, self.program.rank, _release,
-                                   clock).start()
+                                   clock, channel=self.channel).start()
         for position, action in enumerate(self.actions):
             if self.comm is not None and isinstance(action, Comm):
                 continue  # the communication thread does it
@@ -303,15 +316,17 @@ class Interpreter:
         elif isinstance(action, FB):
             self._forward_backward(action.f, action.b)
         elif isinstance(action, RecvAct):
-            self._slot(action.chunk, action.mb).inputs = self.p2p.recv_activation(("act", action.chunk), action.peer,
-                                                                                  str(action))
+            self._slot(action.chunk, action.mb).inputs = self.p2p.recv_activation(
+                (self.channel, action.chunk), action.peer, str(action))
         elif isinstance(action, SendAct):
             slot = self.slots[(action.chunk, action.mb)]
-            self.p2p.send_activation(("act", action.chunk), slot.outputs, action.peer, str(action))
+            self.p2p.send_activation((self.channel, action.chunk), slot.outputs, action.peer, str(action))
             meta = PayloadMeta.of(slot.outputs)
             slot.output_grad_meta = [m for m in meta.tensors if not m.stop_gradient]
             slot.output_is_tuple = meta.is_tuple
             _release(slot.outputs)
+            if self.forward_only:  # nothing else reads it
+                self.slots.pop((action.chunk, action.mb))
         elif isinstance(action, RecvGrad):
             slot = self.slots[(action.chunk, action.mb)]
             slot.output_grads = self.p2p.recv_grads(slot.output_grad_meta, action.peer, str(action))
@@ -330,6 +345,8 @@ class Interpreter:
             slot.inputs = prog.first_input(mb)
         elif prog.hands_over(chunk):
             slot.inputs = _detached(self.slots[(0, mb)].outputs)
+            if self.forward_only:  # chunk 0's output had no other reader
+                self.slots.pop((0, mb))
         elif self.comm is not None:
             slot.inputs = self.comm.activation(chunk, mb)
         elif slot.inputs is None:
@@ -351,10 +368,16 @@ class Interpreter:
     def _forward_done(self, chunk: int, mb: int, outputs: Any) -> None:
         slot = self.slots[(chunk, mb)]
         slot.outputs = outputs
-        if self.comm is not None and self.comm.has(SendAct, chunk, mb):
+        sent = self.comm is not None and self.comm.has(SendAct, chunk, mb)
+        if sent:
             meta = self.comm.publish_activation(chunk, mb, outputs)
             slot.output_grad_meta = [m for m in meta.tensors if not m.stop_gradient]
             slot.output_is_tuple = meta.is_tuple
+        if self.forward_only:
+            # Let go unless a blocking SA or the V's local hand-over still reads the output.
+            if outputs is None or sent:
+                self.slots.pop((chunk, mb))
+            return
         self.in_flight += 1
         self.peak_in_flight = max(self.peak_in_flight, self.in_flight)
 
@@ -399,7 +422,7 @@ class Interpreter:
             if prog.uses_nodes:
                 slot.loss_node = prog.loss_node(mb)
                 slot.loss = slot.loss_node.forward(outputs)
-                prog.record_loss(slot.loss.detach())
+                prog.record_loss(slot.loss, outputs, mb)
             else:
                 slot.loss = prog.loss(outputs, mb)
             outputs = None
@@ -534,7 +557,7 @@ class Interpreter:
                 raise RuntimeError("overlapped_forward_backward returned forward_loss None on the last "
                                    "stage: it must return forward_loss_fn_node.forward(outputs)")
             fslot.loss_node, fslot.loss = forward_loss_fn_node, forward_loss
-            prog.record_loss(forward_loss.detach())
+            prog.record_loss(forward_loss, forward_outputs, f.mb)
             forward_outputs = None
         self._forward_done(f.chunk, f.mb, forward_outputs)
         # The backward half: its activation is freed after the forward made its own.

@@ -25,6 +25,10 @@ communication afterwards. Kinds:
 
 - ``zb-v`` and ``dualpipev`` (``dualpipev-overlap`` with F&B pairs): the V placement's
   schedules (vshape.py), vpp must be 2, any microbatches >= 1.
+- ``forward`` and ``forward-v``: evaluation (forward only, no backward, no gradient
+  traffic) on the interleaved and the V placement: the forwards of ``interleaved`` (``1f1b``
+  with vpp = 1) and of ``zb-v`` in their order, each rank's forwards back to back, so
+  `lower` gives eval_batch the same deadlock-free transfers and the one interpreter runs it.
 
 Unbalanced micro-batch counts (microbatches % pp != 0) follow upstream #58383: the
 micro-batches are cut into groups that walk through the chunks together, the first
@@ -39,7 +43,7 @@ from __future__ import annotations
 import re
 from typing import List, Mapping, Optional, Tuple
 
-from paddle_ext.pipeline.schedule.ir import Action, B, F, I, Schedule, W
+from paddle_ext.pipeline.schedule.ir import Action, B, F, I, Schedule, W, computes
 from paddle_ext.pipeline.schedule.overlap import OVERLAP_SUFFIX, overlap, split_kind
 from paddle_ext.pipeline.schedule.vshape import V_KINDS, V_MIN_MICROBATCHES, dualpipev, zb_v
 
@@ -60,10 +64,13 @@ __all__ = [
     "V_KINDS",
     "zb_v",
     "dualpipev",
+    "FORWARD_KINDS",
+    "forward_only",
 ]
 
 ZB_KINDS = ("zb-h1", "interleaved-zb")
-KINDS = ("fthenb", "1f1b", "interleaved") + ZB_KINDS + V_KINDS
+FORWARD_KINDS = ("forward", "forward-v")  # evaluation: forwards only (interleaved, V placement)
+KINDS = ("fthenb", "1f1b", "interleaved") + ZB_KINDS + V_KINDS + FORWARD_KINDS
 CAP_SUFFIX = "-w"  # zb-h1-w2: at most 2 pending W's per rank
 _CAP = re.compile(r"(?P<base>.*)-w(?P<cap>\d+)")
 
@@ -104,8 +111,9 @@ def check_args(pp: int, vpp: int, microbatches: int, kind: str,
     k = {"fthenb": "fthenb", "1f1b": "1f1b", "interleaved": "interleaved", "vpp": "interleaved",
          "interleave": "interleaved", "zbh1": "zb-h1", "interleavedzb": "interleaved-zb",
          "zbinterleaved": "interleaved-zb", "zbvpp": "interleaved-zb", "zbv": "zb-v",
-         "dualpipe": "dualpipev"}.get(k, k)
-    if k not in KINDS or (overlapped and k == "fthenb") or (cap is not None and k not in ZB_KINDS):
+         "dualpipe": "dualpipev", "forwardv": "forward-v"}.get(k, k)
+    if (k not in KINDS or (overlapped and k in ("fthenb",) + FORWARD_KINDS)
+            or (cap is not None and k not in ZB_KINDS)):
         raise ScheduleArgumentError(n["kind"], kind, allowed)
     if overlapped and k in ZB_KINDS + ("zb-v",):
         raise ScheduleArgumentError(
@@ -128,7 +136,7 @@ def check_args(pp: int, vpp: int, microbatches: int, kind: str,
     for key, value, low in (("pp", pp, 2), ("vpp", vpp, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ScheduleArgumentError(n[key], value, f"must be an integer >= {low}")
-    if k in V_KINDS:
+    if k in V_KINDS + ("forward-v",):
         if vpp != 2:
             raise ScheduleArgumentError(n["vpp"], vpp, f"{n['kind']} {k} needs 2 (the V "
                                         "placement holds two chunks per rank)")
@@ -171,6 +179,8 @@ def generate(pp: int, vpp: int, microbatches: int, kind: str = "interleaved",
         return zero_bubble(pp, vpp, microbatches, cap, kind=k)
     if k == "fthenb":
         return fthenb(pp, vpp, microbatches)
+    if k in FORWARD_KINDS:
+        return forward_only(pp, vpp, microbatches, "v" if k == "forward-v" else "interleaved")
     if k == "1f1b":
         return one_f_one_b(pp, microbatches)
     return interleaved(pp, vpp, microbatches)
@@ -180,6 +190,19 @@ def fthenb(pp: int, vpp: int, microbatches: int) -> Schedule:
     fwd = [F(c, m) for c in range(vpp) for m in range(microbatches)]
     bwd = [B(c, m) for c in reversed(range(vpp)) for m in range(microbatches)]
     return Schedule(pp, vpp, microbatches, tuple(tuple(fwd + bwd) for _ in range(pp)), "fthenb")
+
+
+def forward_only(pp: int, vpp: int, microbatches: int, placement: str = "interleaved") -> Schedule:
+    """Evaluation's schedule: the forwards of the placement's training schedule (1f1b or
+    interleaved; zb-v on the V), in their order and without the backwards, so each rank's
+    forwards run back to back; kind ``forward`` / ``forward-v``."""
+    if placement == "v":
+        train = zb_v(pp, microbatches)
+    else:
+        train = one_f_one_b(pp, microbatches) if vpp == 1 else interleaved(pp, vpp, microbatches)
+    ranks = [[p for a in acts for p in computes(a) if type(p) is F] for acts in train.ranks]
+    kind = "forward-v" if placement == "v" else "forward"
+    return Schedule(pp, vpp, microbatches, tuple(tuple(r) for r in ranks), kind, placement)
 
 
 def one_f_one_b(pp: int, microbatches: int) -> Schedule:

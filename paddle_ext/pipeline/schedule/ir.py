@@ -318,6 +318,12 @@ class Schedule:
         """True when the lists carry communication (the output of `lower`)."""
         return any(isinstance(a, (Comm, GradSync)) for r in self.ranks for a in r)
 
+    @property
+    def forward_only(self) -> bool:
+        """True when no rank computes a gradient (kinds forward / forward-v: evaluation):
+        the checks then ask for no backward and no gradient transfer."""
+        return all(type(p) is F for r in self.ranks for a in r for p in computes(a))
+
     def stage(self, rank: int, chunk: int) -> int:
         return stage_of(self.pp, rank, chunk, self.placement)
 

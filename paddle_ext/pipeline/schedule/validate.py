@@ -5,7 +5,8 @@ sentence, then the rank x step grid with the offending action marked `[..]!`):
 
 1. every action names a chunk in 0..vpp-1 and a micro-batch in 0..microbatches-1;
 2. every rank runs exactly one F of each (chunk, micro-batch) and either one B or (zero
-   bubble) one I and one W, never both; F first, I before its W;
+   bubble) one I and one W, never both; F first, I before its W (a forward-only
+   schedule, evaluation's, runs the F's alone);
 3. (lowered schedules) every stage boundary has exactly one send after the producing
    compute and one receive before the consuming compute (an I's gradient traffic is a
    B's), addressed to the rank that holds the neighbouring stage; GS<c>, if used,
@@ -67,6 +68,7 @@ def check_compute(schedule: Schedule) -> None:
     """Checks 1 and 2 (ranges; per (chunk, mb) on its rank one F and either one B or one
     I and one W; F first, I before W)."""
     v, m_count = schedule.vpp, schedule.microbatches
+    forward_only = schedule.forward_only
     for r, acts in enumerate(schedule.ranks):
         at: Dict[type, Dict[Tuple[int, int], int]] = {F: {}, B: {}, I: {}, W: {}}
         for i, a in enumerate(acts):
@@ -109,7 +111,7 @@ def check_compute(schedule: Schedule) -> None:
                     raise schedule_error(
                         schedule, f"rank {r} never runs F{c}.{mb} (stage "
                         f"{schedule.stage(r, c)}, micro-batch {mb})", [])
-                if key not in at[B] and key not in at[I]:
+                if key not in at[B] and key not in at[I] and not forward_only:
                     raise schedule_error(
                         schedule, f"F{c}.{mb} on rank {r} (step {at[F][key]}) has no "
                         f"backward: B{c}.{mb} is missing", [(r, at[F][key])])
@@ -202,10 +204,12 @@ _NEEDS = {
 def check_comm(schedule: Schedule) -> None:
     """Check 3: the communication of a lowered schedule is complete and well placed."""
     pp, n, pl = schedule.pp, schedule.num_stages, schedule.placement
+    forward_only = schedule.forward_only
 
     def needed(typ: type, s: int) -> bool:
         other = s + 1 if typ.is_send != typ.is_grad else s - 1
-        return _NEEDS[typ][0](s, n) and not is_local(pp, r, other, pl)
+        return (_NEEDS[typ][0](s, n) and not is_local(pp, r, other, pl)
+                and not (forward_only and typ.is_grad))
     for r, acts in enumerate(schedule.ranks):
         at: Dict[Tuple[type, int, int], int] = {}
         compute_at: Dict[Tuple[type, int, int], int] = {}
@@ -218,6 +222,10 @@ def check_comm(schedule: Schedule) -> None:
                 continue
             s = schedule.stage(r, a.chunk)
             _needed, kind, side = _NEEDS[type(a)]
+            if forward_only and a.is_grad:
+                raise schedule_error(
+                    schedule, f"{a} on rank {r} is not needed: a forward-only schedule has no "
+                    "backward, so no gradient moves", [(r, i)])
             # Activation sends and gradient receives face the next stage, the others the
             # previous one.
             other = s + 1 if a.is_send != a.is_grad else s - 1

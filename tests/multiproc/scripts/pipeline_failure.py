@@ -1,11 +1,12 @@
 """Rank script: one pipeline rank raises inside forward or backward.
 
-Usage: pipeline_failure.py PP FAIL_RANK forward|backward|kill [async|v]
+Usage: pipeline_failure.py PP FAIL_RANK forward|backward|kill|eval [async|v]
 Every rank must end non-zero, the failing one naming itself, the action and
 its position in the schedule. kill: the rank SIGKILLs itself instead (no exit
 handlers run): the others must name it as lost. async: with the forward/backward
 overlap scheduler and overlap_p2p_comm (communication threads). v: the V placement
-(pp_configs.use_dualpipev on the V-segmented model, 2*PP blocks).
+(pp_configs.use_dualpipev on the V-segmented model, 2*PP blocks). eval: a forward raises
+inside eval_batch, which runs through the same interpreter (its forward-only schedule).
 """
 
 import os
@@ -41,14 +42,14 @@ original_forward = Block.forward
 
 def failing_forward(self, inputs):
     hidden, positions = original_forward(self, inputs)
-    if paddle.distributed.get_rank() == FAIL_RANK and self.training:
+    if paddle.distributed.get_rank() == FAIL_RANK and (self.training or WHERE == "eval"):
         calls["n"] += 1
         if calls["n"] == 3:  # the third micro-batch through this rank
             if WHERE == "kill":
                 print(f"rank {FAIL_RANK}: SIGKILL to myself", flush=True)
                 os.kill(os.getpid(), signal.SIGKILL)
-            if WHERE == "forward":
-                raise RuntimeError("injected failure in forward")
+            if WHERE in ("forward", "eval"):
+                raise RuntimeError(f"injected failure in {WHERE}")
             hidden = Boom.apply(hidden)
     return hidden, positions
 
@@ -69,7 +70,10 @@ def main():
     model = fleet.distributed_model(layers)
     opt = paddle.optimizer.SGD(0.1, parameters=model.parameters())
     ids, labels = batch(0, M * MBS, 8, 32)
-    model.train_batch([ids, labels], opt)
+    if WHERE == "eval":
+        model.eval_batch([ids, labels], compute_loss=True)
+    else:
+        model.train_batch([ids, labels], opt)
     print("finished without failure", flush=True)
 
 
