@@ -175,6 +175,86 @@ def _extra_pp_configs(strategy: Any) -> dict[str, Any]:
     return extra
 
 
+class PpConfigsView:
+    """strategy.hybrid_configs["pp_configs"] where this Paddle's protobuf lacks some of
+    Paddle 3.3's keys (2.6). Paddle's getter returns a fresh dict whose "pp_configs" is the
+    strategy's live protobuf message; code written for 3.x sets keys on it as attributes
+    (`strategy.hybrid_configs["pp_configs"].clear_every_step_cache = True`), which sticks on
+    3.3.1 and raised AttributeError on 2.6.2. The view reads and writes those keys where the
+    dict form keeps them (beside the strategy, so pp_config() sees them and fleet.init's
+    deepcopy keeps them), checked as the dict form checks them, and hands everything else
+    to the message: the message's own fields, its methods, and the AttributeError of a
+    name it lacks (the plugin's own keys included, as on 3.3.1)."""
+
+    __slots__ = ("_message", "_owner")
+
+    def __init__(self, message: Any, owner: Any) -> None:
+        object.__setattr__(self, "_message", message)
+        object.__setattr__(self, "_owner", owner)  # the strategy: the dict form's keys live on it
+
+    def _missing(self, name: str) -> bool:
+        return name in PP_CONFIG_DEFAULTS and name not in self._message.DESCRIPTOR.fields_by_name
+
+    def __getattr__(self, name: str) -> Any:
+        if name in PpConfigsView.__slots__:  # not set yet (an unpickled or half-made copy)
+            raise AttributeError(name)
+        if self._missing(name):
+            return (getattr(self._owner, _EXTRA_ATTR, None) or {}).get(name, PP_CONFIG_DEFAULTS[name])
+        return getattr(self._message, name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if self._missing(name):
+            _extra_pp_configs(self._owner)[name] = _paddle_value(name, value)
+        else:
+            setattr(self._message, name, value)
+
+    def HasField(self, name: str) -> bool:  # noqa: N802 (the protobuf's name)
+        if self._missing(name):
+            return name in (getattr(self._owner, _EXTRA_ATTR, None) or {})
+        return self._message.HasField(name)
+
+    def ClearField(self, name: str) -> None:  # noqa: N802
+        if self._missing(name):
+            (getattr(self._owner, _EXTRA_ATTR, None) or {}).pop(name, None)
+        else:
+            self._message.ClearField(name)
+
+    def __deepcopy__(self, memo: dict) -> PpConfigsView:
+        """A detached copy, as a deep copy of 3.3.1's message is."""
+        import copy
+        import types
+
+        owner = types.SimpleNamespace()
+        object.__setattr__(owner, _EXTRA_ATTR, dict(getattr(self._owner, _EXTRA_ATTR, None) or {}))
+        return PpConfigsView(copy.deepcopy(self._message, memo), owner)
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, PpConfigsView):
+            return self._message == other._message and self._values() == other._values()
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  (as the protobuf message's)
+
+    def _values(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in PP_CONFIG_DEFAULTS if self._missing(k)}
+
+    def __repr__(self) -> str:
+        kept = getattr(self._owner, _EXTRA_ATTR, None) or {}
+        extra = "".join(f"{k}: {v!r}\n" for k, v in kept.items() if self._missing(k))
+        return f"{self._message}{extra}"
+
+
+def with_pp_configs_view(strategy: Any, configs: dict) -> dict:
+    """Paddle's hybrid_configs getter's dict, its "pp_configs" message behind a
+    PpConfigsView where the protobuf lacks some of PP_CONFIG_DEFAULTS' keys; as it is
+    elsewhere (3.3: the message itself)."""
+    message = configs.get("pp_configs")
+    fields = getattr(getattr(message, "DESCRIPTOR", None), "fields_by_name", None)
+    if fields is not None and not set(PP_CONFIG_DEFAULTS) <= set(fields):
+        configs["pp_configs"] = PpConfigsView(message, strategy)
+    return configs
+
+
 # PaddleNLP's TrainingArguments.pipeline_parallel_config: words (space- or comma-
 # separated) -> the pp_configs key each sets and the value it gives it. Words that
 # configure pipeline_configs, not pp_configs, are accepted and have no pp_configs key.

@@ -9,7 +9,9 @@ paddle_ext's PipelineEngine: one schedule IR for FthenB, 1F1B (any accumulate_st
 and a runtime that runs on gloo (CPU) as on NCCL. Also: PipelineLayer reads
 ParallelEnv().device_id, which a CPU build never sets; and strategy
 hybrid_configs['pp_configs'] accepts Paddle 3.3's keys on every release (kept
-beside the strategy where the protobuf lacks them); unknown ones are ignored, as
+beside the strategy where the protobuf lacks them), in the dict form and, as 3.x
+code sets them, as attributes of strategy.hybrid_configs["pp_configs"]
+(config.PpConfigsView on 2.6); unknown ones are ignored, as
 3.x ignores them, with a warning naming them, and values are taken as the protobuf
 takes them (1 for True).
 
@@ -49,6 +51,11 @@ def _device_id(self) -> int:
 
 
 def _checked_hybrid_configs(original: property) -> property:
+    def get_hybrid_configs(self):
+        from paddle_ext import config
+
+        return config.with_pp_configs_view(self, original.fget(self))
+
     def set_hybrid_configs(self, configs):
         from paddle_ext import config
 
@@ -57,7 +64,7 @@ def _checked_hybrid_configs(original: property) -> property:
             configs = {**configs, "pp_configs": config.split_pp_configs(self, configs["pp_configs"], native)}
         original.fset(self, configs)
 
-    return property(original.fget, set_hybrid_configs, original.fdel, original.__doc__)
+    return property(get_hybrid_configs, set_hybrid_configs, original.fdel, original.__doc__)
 
 
 def _apply(patcher: Patcher) -> None:

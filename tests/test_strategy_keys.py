@@ -260,3 +260,117 @@ def test_plugin_keys_for_the_process_through_enable_and_the_environment(monkeypa
     monkeypatch.setenv(ENV_PP_CONFIGS, "delay_scale_loss=on")
     with pytest.raises(ValueError, match=r"expected KEY=VALUE items with KEY one of"):
         paddle_ext.enable()
+
+
+def _non_default(key):
+    default = PP_CONFIG_DEFAULTS[key]
+    return (not default) if isinstance(default, bool) else "average"
+
+
+def test_3x_keys_as_attributes_of_pp_configs_read_back_and_reach_the_engine_as_the_dict_form():
+    """3.x code sets pp_configs keys on strategy.hybrid_configs["pp_configs"] (the strategy's
+    protobuf message on 3.3.1, where that sticks). Every key, set that way, reads back through
+    a fresh getter, reaches pp_config() as the dict form's value does, and survives the deep
+    copy fleet.init makes (fleet.py: self._user_defined_strategy = copy.deepcopy(strategy));
+    an unset key reads its default."""
+    import copy
+
+    from paddle_ext.config import pp_config_is_set
+
+    for key, default in PP_CONFIG_DEFAULTS.items():
+        strategy = strategy_with({})
+        assert getattr(strategy.hybrid_configs["pp_configs"], key) == default, key
+        assert not pp_config_is_set(strategy, key)
+        value = _non_default(key)
+        setattr(strategy.hybrid_configs["pp_configs"], key, value)
+        dict_form = strategy_with({key: value})
+        for s in (strategy, copy.deepcopy(strategy)):
+            assert getattr(s.hybrid_configs["pp_configs"], key) == value, key
+            assert pp_config(s, key) == pp_config(dict_form, key) == value, key
+            assert pp_config_is_set(s, key) and pp_config_is_set(dict_form, key), key
+            for other in PP_CONFIG_DEFAULTS.keys() - {key}:
+                assert pp_config(s, other) == pp_config(dict_form, other) == PP_CONFIG_DEFAULTS[other], (key, other)
+    attributes = strategy_with({})
+    for key in ("delay_scale_loss", "release_gradients", "use_batch_p2p_comm", "overlap_p2p_comm"):
+        setattr(attributes.hybrid_configs["pp_configs"], key, _non_default(key))
+    dict_form = strategy_with({k: _non_default(k) for k in ("delay_scale_loss", "release_gradients",
+                                                            "use_batch_p2p_comm", "overlap_p2p_comm")})
+    assert PipelineSettings.from_strategy(attributes) == PipelineSettings.from_strategy(dict_form)
+
+
+def test_3x_keys_as_attributes_reach_fleets_copy_of_the_strategy_through_fleet_init():
+    """fleet.init itself (one process, no pipeline): the strategy it keeps is its deep copy."""
+    from paddle_ext import compat
+
+    strategy = fleet.DistributedStrategy()
+    strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 1}
+    for key in PP_CONFIG_DEFAULTS:
+        setattr(strategy.hybrid_configs["pp_configs"], key, _non_default(key))
+    fleet.init(is_collective=True, strategy=strategy)
+    kept = compat.fleet_strategy()
+    assert kept is not strategy
+    for key in PP_CONFIG_DEFAULTS:
+        assert pp_config(kept, key) == getattr(kept.hybrid_configs["pp_configs"], key) == _non_default(key), key
+
+
+def test_attributes_and_the_dict_form_write_the_same_place():
+    """The dict form merges into what attributes set and the reverse, as Paddle's
+    assign_configs_value merges into the message; a copy of the getter's view is detached,
+    as a deep copy of the message is."""
+    import copy
+
+    strategy = strategy_with({"release_gradients": True})
+    view = strategy.hybrid_configs["pp_configs"]
+    assert view.release_gradients is True and view.HasField("release_gradients")
+    view.clear_every_step_cache = 1  # the protobuf's bool takes 1
+    strategy.hybrid_configs = {"pp_configs": {"use_dualpipev": True, "delay_scale_loss": True}}
+    view = strategy.hybrid_configs["pp_configs"]
+    assert (view.clear_every_step_cache, view.use_dualpipev, view.delay_scale_loss, view.release_gradients) == (
+        True, True, True, True)
+    detached = copy.deepcopy(strategy.hybrid_configs)["pp_configs"]
+    detached.release_gradients = False
+    detached.delay_scale_loss = False
+    assert pp_config(strategy, "release_gradients") is True and pp_config(strategy, "delay_scale_loss") is True
+    assert (detached.release_gradients, detached.delay_scale_loss, detached.use_dualpipev) == (False, False, True)
+    view.ClearField("clear_every_step_cache")
+    assert not view.HasField("clear_every_step_cache") and pp_config(strategy, "clear_every_step_cache") is False
+
+
+@pytest.mark.parametrize("name", ["overlap_p2p", "schedule_mode", "accumulate_steps"])
+def test_a_name_pp_configs_lacks_raises_attribute_error_as_the_protobuf_does(name):
+    """Names that are no pp_configs key of Paddle 3.3 (the plugin's own keys included: they
+    are no attribute of 3.3.1's message either; they go in the dict form) raise the protobuf's
+    AttributeError, reading and writing."""
+    view = strategy_with({}).hybrid_configs["pp_configs"]
+    with pytest.raises(AttributeError, match=rf'PpConfig has no "{name}" field'):
+        setattr(view, name, True)
+    with pytest.raises(AttributeError, match=name):
+        getattr(view, name)
+
+
+def test_a_value_the_protobuf_refuses_as_an_attribute_raises_type_error():
+    view = strategy_with({}).hybrid_configs["pp_configs"]
+    for key in ("delay_scale_loss", "clear_every_step_cache"):  # clear_every_step_cache: beside the strategy on 2.6
+        with pytest.raises(TypeError):
+            setattr(view, key, "yes")
+        assert getattr(view, key) is False
+
+
+def test_stock_paddle_attribute_form():
+    """The reference: stock 3.3.1 takes every 3.x key as an attribute of its message; stock
+    2.6.2's message lacks the keys 3.0 added (AttributeError), which the plugin serves."""
+    paddle_ext.disable()
+    try:
+        stock = fleet.DistributedStrategy()
+        message = stock.hybrid_configs["pp_configs"]
+        lacking = [k for k in PP_CONFIG_DEFAULTS if k not in message.DESCRIPTOR.fields_by_name]
+        for key in PP_CONFIG_DEFAULTS:
+            if key in lacking:
+                with pytest.raises(AttributeError, match=rf'has no "{key}" field'):
+                    setattr(stock.hybrid_configs["pp_configs"], key, _non_default(key))
+            else:
+                setattr(stock.hybrid_configs["pp_configs"], key, _non_default(key))
+                assert getattr(stock.hybrid_configs["pp_configs"], key) == _non_default(key)
+        assert lacking == [] or "clear_every_step_cache" in lacking  # 3.3.1: none; 2.6.2: the 3.x keys
+    finally:
+        paddle_ext.enable()
