@@ -1,7 +1,8 @@
 """Unit paddleformers_overlap: PaddleFormers' refusal of dp_comm_overlap with pipeline
 parallelism is lifted only while paddle_ext's engine serves fleet's models, the Trainer's
-_wrap_model is wrapped (early_comm_buffers), and the unit patches PaddleFormers whether it
-is imported before or after enable()."""
+_wrap_model is wrapped (early_comm_buffers), and the unit patches PaddleFormers (and
+PaddleNLP: tests/test_paddlenlp_overlap.py for its refusal) whether it is imported before
+or after enable(); it applies where either package is installed."""
 
 import importlib
 import sys
@@ -23,15 +24,23 @@ def _status():
     return {name: status for name, _, status, _ in paddle_ext.patch_table()}["paddleformers_overlap"]
 
 
-def test_skipped_without_paddleformers(monkeypatch):
+def test_skipped_without_paddleformers_and_paddlenlp(monkeypatch):
     monkeypatch.setattr(unit.importlib.util, "find_spec", lambda name, *a: None)
-    assert unit._unavailable() == "PaddleFormers is not installed"
+    assert unit._unavailable() == "PaddleFormers is not installed, and PaddleNLP is not installed"
+
+
+@pytest.mark.parametrize("package", ["paddleformers", "paddlenlp"])
+def test_applies_with_either_trainer_package(monkeypatch, package):
+    monkeypatch.setattr(unit.importlib.util, "find_spec", lambda name, *a: object() if name == package else None)
+    assert unit._unavailable() is None
 
 
 @pytest.mark.parametrize("module, cls_name, attr", [(unit.ARGS_MODULE, "TrainingArguments", "__post_init__"),
-                                                     (unit.TRAINER_MODULE, "Trainer", "_wrap_model")])
-def test_patches_paddleformers_on_import_and_restores_it(module, cls_name, attr):
-    pytest.importorskip("paddleformers", reason="PaddleFormers is not installed")
+                                                     (unit.TRAINER_MODULE, "Trainer", "_wrap_model"),
+                                                     (unit.NLP_ARGS_MODULE, "TrainingArguments", "__post_init__")])
+def test_patches_the_trainers_on_import_and_restores_them(module, cls_name, attr):
+    package = module.split(".", 1)[0]
+    pytest.importorskip(package, reason=f"{package} is not installed")
     if module in sys.modules:  # imported already: patched at once
         cls = getattr(sys.modules[module], cls_name)
         original = vars(cls)[attr]

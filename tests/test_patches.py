@@ -165,8 +165,8 @@ def test_a_name_imported_before_enable_reaches_the_plugin_and_gets_paddles_back(
     assert late.unpadded is paddles
 
 
-# Units that serve an optional package: skipped (with the reason) where it is not installed.
-OPTIONAL_PACKAGES = {"paddleformers_overlap": "paddleformers"}
+# Units that serve optional packages: skipped (with the reason) where none is installed.
+OPTIONAL_PACKAGES = {"paddleformers_overlap": ("paddleformers", "paddlenlp")}
 # Units for a part of Paddle some releases lack: skipped (with the reason) there.
 RELEASE_PARTS = {"host_checkpoint": "flex_checkpoint"}
 # Units whose change Paddle ships from a release on: reported native there, not applied.
@@ -178,8 +178,8 @@ def test_every_unit_applies_on_this_paddle():
 
     paddle_ext.enable()
     for unit, status in statuses().items():
-        package = OPTIONAL_PACKAGES.get(unit)
-        if package is not None and importlib.util.find_spec(package) is None:
+        packages = OPTIONAL_PACKAGES.get(unit)
+        if packages is not None and all(importlib.util.find_spec(p) is None for p in packages):
             assert status.startswith("skipped (") and "not installed" in status, (unit, status)
         elif unit in RELEASE_PARTS and importlib.util.find_spec(f"paddle.distributed.{RELEASE_PARTS[unit]}") is None:
             assert status.startswith("skipped (") and RELEASE_PARTS[unit] in status, (unit, status)

@@ -34,24 +34,26 @@ Bounds, per config (relative to the largest magnitude of each parameter / the lo
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import pytest
 
-from tests.multiproc.launch import SCRIPTS, launch
+from tests.multiproc.launch import SCRIPTS
+from tests.multiproc.trainer_checks import (
+    GRAD_BOUND,
+    LOSS_BOUND,
+    REL_BOUND,
+    check_losses_and_params,
+    launch_results,
+)
 
 pytest.importorskip("paddleformers.trainer", reason="PaddleFormers is not installed (pip install .[paddleformers])")
 
 pytestmark = pytest.mark.multiprocess
 
-REL_BOUND = 1e-5
-LOSS_BOUND = 1e-6
-GRAD_BOUND = 1e-5
 # one launch per topology and strategy; configs that differ only in the plugin's own
 # pp_configs (zb, zbd, cs, re: set through enable() per config), or only in the model (ph, gm, go), share
 # their base's (zbv does not: PaddleFormers' TrainingArguments skip fleet.init once the parallel
@@ -77,15 +79,7 @@ def results():
 
     def run(names: str) -> dict:
         if names not in out:
-            out_dir = tempfile.mkdtemp(prefix="paddle_ext_pf_")
-            res = launch("paddleformers_trainer.py", names, out_dir, nproc=LAUNCHES[names], timeout=420)
-            assert res.returncode == 0 and not res.timed_out, res.describe()
-            per_config: dict = {}
-            for path in glob.glob(os.path.join(out_dir, "result.*.json")):
-                _, name, rank, _ = os.path.basename(path).split(".")
-                with open(path) as f:
-                    per_config.setdefault(name, {})[int(rank)] = json.load(f)
-            out[names] = per_config
+            out[names] = launch_results("paddleformers_trainer.py", names, nproc=LAUNCHES[names], timeout=420)
         return out[names]
 
     return run
@@ -102,11 +96,7 @@ def _check_parity(per_rank: dict, gradients: bool = True) -> None:
                 f"rank {rank}: first-step gradient of {max(grads, key=grads.get)} differs by {worst_grad:.3g}")
         else:
             assert r["first_grads"] is None, rank
-        assert len(r["losses"]) == 3, f"rank {rank}: the Trainer logged {r['losses']}"
-        for got, want in zip(r["losses"], r["ref_losses"]):
-            assert abs(got - want) <= LOSS_BOUND * abs(want), f"rank {rank}: losses {r['losses']} != {r['ref_losses']}"
-        worst = max(r["params"].values())
-        assert worst <= REL_BOUND, f"rank {rank}: parameter {max(r['params'], key=r['params'].get)} differs by {worst:.3g}"
+        check_losses_and_params(rank, r, steps=3)
 
 
 CONFIGS = [name for launch_names in LAUNCHES for name in launch_names.split(",")]

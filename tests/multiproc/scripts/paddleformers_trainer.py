@@ -96,6 +96,9 @@ import numpy as np
 import paddle
 import paddle.distributed as dist
 import paddleformers.nn.pp_model as pf_pp_model
+
+# from this folder: sys.path[0] for a rank (_rank_entry.py) and for paddleformers_split_rows.py
+from _trainer_parity import compare, copy_weights, digest, tp_slice
 from paddleformers.nn.attention import flashmask_attention as pf_flashmask
 from paddleformers.trainer import Trainer, TrainerCallback, TrainingArguments
 from paddleformers.transformers import (
@@ -325,42 +328,6 @@ def reference_model(config, plain_ops=False):
     return model_cls(ref_config)
 
 
-def copy_weights(ref, pipe):
-    """The pipe's parameters from the reference, by structure name: the pipe names
-    layers embed / decoder i / norm / head after their LayerDescs."""
-    ref_state = ref.state_dict()
-    if hasattr(pipe, "_set_pipeline_name_mapping"):
-        pipe._set_pipeline_name_mapping()
-        mapping = pipe._pp_to_single_mapping
-    else:  # no pipeline parallelism: the single-process class, its own names
-        mapping = {key: key for key in ref_state}
-    pipe_state = paddle.nn.Layer.state_dict(pipe)
-    done = {}
-    for pipe_key, tensor in pipe_state.items():
-        ref_key = mapping.get(pipe_key)
-        if ref_key is None or ref_key not in ref_state:
-            raise KeyError(f"no reference parameter for {pipe_key} (mapped to {ref_key})")
-        src = ref_state[ref_key]
-        if tuple(src.shape) != tuple(tensor.shape):  # tensor parallel: this rank's slice
-            src = tp_slice(src, tensor, pipe_key)
-        tensor.set_value(src)
-        done[pipe_key] = ref_key
-    return done
-
-
-def tp_slice(full, part, name):
-    from paddle.distributed import fleet
-
-    hcg = fleet.get_hybrid_communicate_group()
-    rank, world = hcg.get_model_parallel_rank(), hcg.get_model_parallel_world_size()
-    full = full.numpy()
-    for axis in range(full.ndim):
-        if full.shape[axis] == part.shape[axis] * world:
-            size = part.shape[axis]
-            return paddle.to_tensor(np.take(full, range(rank * size, (rank + 1) * size), axis=axis))
-    raise ValueError(f"{name}: cannot slice {full.shape} into {part.shape}")
-
-
 def training_args(name, cfg, out_dir, **extra):
     sharding, tp = cfg.get("sharding", 1), cfg.get("tp", 1)
     kwargs = dict(
@@ -454,23 +421,6 @@ def unit_offset_weights(pipe):
             if any(cls.__name__ == "Gemma3RMSNorm" for cls in type(layer).__mro__)}
 
 
-def compare(pipe, ref, mapping):
-    """Max relative difference per parameter of this rank (its tensor-parallel slice of
-    the reference where it holds one)."""
-    ref_state = ref.state_dict()
-    offset = unit_offset_weights(pipe)
-    worst = {}
-    for pipe_key, tensor in paddle.nn.Layer.state_dict(pipe).items():
-        want = ref_state[mapping[pipe_key]]
-        if tuple(want.shape) != tuple(tensor.shape):
-            want = tp_slice(want, tensor, pipe_key)
-        want = want.numpy().astype(np.float64) + (pipe_key in offset)
-        got = tensor.numpy().astype(np.float64) + (pipe_key in offset)
-        scale = max(np.max(np.abs(want)), 1e-30)
-        worst[pipe_key] = float(np.max(np.abs(got - want)) / scale)
-    return worst
-
-
 def sharding_owned(trainer):
     """Under sharding stage 1 a rank holds the reduced gradient only of the parameters it
     updates (the optimizer's _param2rank); None: every parameter."""
@@ -506,17 +456,6 @@ def compare_grads(got, want, pipe, mapping, owned=None):
         ref_grad = ref_grad.numpy().astype(np.float64)
         out[key] = float(np.max(np.abs(grad - ref_grad)) / max(np.max(np.abs(ref_grad)), 1e-30))
     return out
-
-
-def digest(pipe):
-    """A hash of every parameter's bytes: equal digests, bitwise equal parameters."""
-    import hashlib
-
-    h = hashlib.sha256()
-    for key, tensor in sorted(paddle.nn.Layer.state_dict(pipe).items()):
-        h.update(key.encode())
-        h.update(tensor.numpy().tobytes())
-    return h.hexdigest()
 
 
 def train(name, cfg, out_dir, dataset, resume=None, max_steps=STEPS, save_steps=None):
@@ -562,7 +501,7 @@ def main():
         ref, ref_losses = reference_run(config, cfg, dataset, STEPS)
         result = {"config": name, "losses": losses, "ref_losses": ref_losses,
                   "clip": cfg.get("clip"), "grad_norms": trainer.grad_norms, "ref_grad_norms": ref.grad_norms,
-                  "params": compare(pipe, ref, mapping),
+                  "params": compare(pipe, ref, mapping, unit_offset_weights(pipe)),
                   "digest": digest(pipe),
                   "unit_offset_weights": sorted(unit_offset_weights(pipe)),
                   # stages 2 and 3 and split_param keep the reduced gradients in buffers of
