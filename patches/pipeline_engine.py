@@ -85,7 +85,7 @@ def _verify() -> bool:
 
 UNIT = PatchUnit(
     name="pipeline_engine",
-    upstream=(58383, 55651, 56096, 57048),
+    upstream=(58383, 55651, 56096, 57048, 63167),
     title="Add unbalance batch for virtual pp",
     summary="fleet.distributed_model returns paddle_ext's PipelineEngine for pp_degree > 1",
     apply=_apply,
