@@ -22,7 +22,8 @@ data parallelism alone beside the pipeline. PaddleNLP reads `enable_dp_comm_over
 sharding degree is above 1, so with sharding asked for (a `sharding` stage or a sharding
 degree) the word stays and PaddleNLP decides as it does; and `enable_sharding_comm_overlap`
 beside data parallelism keeps the refusal, since its Trainer, which reads only the dp word,
-would all-reduce the gradients the engine already reduced.
+would all-reduce the gradients the engine already reduced. Under PaddleNLP's
+enable_auto_parallel (no fleet.distributed_model) the word is PaddleNLP's to refuse too.
 
 With the plugin's opt-in pp_configs key `early_comm_buffers` (paddle_ext.config),
 PaddleFormers' Trainer also shows the engine its optimizer right after wrapping it
@@ -86,7 +87,8 @@ def _switch_off_word(args: Any) -> Callable[[], None] | None:
     spaces, as PaddleNLP splits it), only where it means dp overlap alone (module docstring)."""
     text = getattr(args, "pipeline_parallel_config", "")
     words = text.split(" ") if isinstance(text, str) else []
-    if NLP_WORD not in words or NLP_SHARDING_WORD in words or _sharding_asked(args):
+    if (NLP_WORD not in words or NLP_SHARDING_WORD in words or _sharding_asked(args)
+            or getattr(args, "enable_auto_parallel", False)):  # auto parallel refuses the word itself
         return None
     args.pipeline_parallel_config = " ".join(w for w in words if w != NLP_WORD)
 

@@ -106,6 +106,9 @@ def test_lifted_while_the_engine_serves(four_ranks):
     # PaddleNLP checks itself: the word stays, and PaddleNLP decides as without the plugin
     ("enable_dp_comm_overlap", dict(sharding="stage1", sharding_parallel_degree=2),
      "`amp_master_grad` must be True"),
+    # auto parallel (no fleet.distributed_model, so no engine) knows no such word
+    ("enable_dp_comm_overlap", dict(enable_auto_parallel=True, gradient_accumulation_steps=2),
+     "unknown pipeline mode config enable_dp_comm_overlap"),
 ])
 def test_kept_where_the_word_means_more(four_ranks, words, extra, error):
     four_ranks()
