@@ -441,7 +441,6 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         return trace.write_chrome_trace(path, self.last_step.spans if self.last_step else ())
 
     # evaluation --------------------------------------------------------------------
-    @paddle.no_grad()
     def eval_batch(self, data: Any, compute_loss: bool = False, loss_fn_idx: int = 0,
                    return_host_tensor: bool = False) -> Any:
         """Forward only, through the forward-only schedule (kinds forward / forward-v) and
@@ -454,6 +453,19 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         check_loss_fn_idx(compat.pipeline_loss_fns(self._layers), loss_fn_idx)
         self.loss_fn_idx = loss_fn_idx
         self._layers.eval()
+        if isinstance(data, compat.pipeline_dataset_preprocessor_classes()):
+            data = data()
+        return self._forward_only_step(micro_batch_data(data, self.accumulate_steps), compute_loss,
+                                       host=return_host_tensor)
+
+    @paddle.no_grad()
+    def _forward_only_step(self, data: Any, compute_loss: bool, per_microbatch: bool = False,
+                           host: bool = False) -> Any:
+        """eval_batch's step (and forward_backward_pipeline(forward_only=True)'s): the
+        forward-only schedule; the loss of loss_fn[loss_fn_idx] and its siblings
+        (compute_loss), else the loss stage's outputs (None elsewhere; on the host with
+        `host`). Without gradients: nothing of it is back-propagated, and its payloads'
+        headers (stop_gradient included) stay those of the eval channels' first step."""
         self.set_virtual_pipeline_rank(0)
         self._new_step_shapes()
         hooks = self._micro_steps  # the callbacks only; step_id None as Paddle's 1F1B eval passes it
@@ -462,17 +474,15 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         hooks.step_ids = self.vpp > 1
         m = self.accumulate_steps
         self._check_accumulate_steps(m)
-        if isinstance(data, compat.pipeline_dataset_preprocessor_classes()):
-            data = data()
-        batches = MicroBatches(micro_batch_data(data, m), m, self.micro_batch_size)
-        losses = self._stage_losses(batches, loss_fn_idx)
+        batches = MicroBatches(data, m, self.micro_batch_size)
+        losses = self._stage_losses(batches, self.loss_fn_idx)
         outputs: list = []
 
         def keep_output(y: Any, mb: int) -> None:
-            outputs.append(y.cpu() if return_host_tensor else y)
+            outputs.append(y.cpu() if host else y)
 
         self.last_eval = self._run(batches, losses if compute_loss else keep_output, None, forward_only=True)
         if compute_loss:
-            return self._broadcast_loss(losses, per_microbatch=False)
+            return self._broadcast_loss(losses, per_microbatch)
         last = 0 if self.placement == "v" else self.num_stages - 1
         return outputs if self.stage_id == last else None

@@ -21,11 +21,13 @@ Paddle's code running on state it never set up.
 from __future__ import annotations
 
 import functools
+import inspect
 from typing import Any
 
 import paddle
 
 from paddle_ext import compat
+from paddle_ext.errors import InvalidArgumentError
 from paddle_ext.pipeline.grad_sync import split_param_optimizer
 from paddle_ext.pipeline.micro_step_hooks import MicroStepHooks
 
@@ -265,24 +267,59 @@ class PipelineParallelSurface:
             self.register_sharding_comm_overlap_hook(optimizer)
         return data
 
-    def forward_backward_pipeline(self, data: Any, scaler: Any = None, static_scheduler: bool = False,
-                                  return_micro_batch_loss: bool = False) -> paddle.Tensor:
+    def forward_backward_pipeline(self, data: Any, scaler: Any = None, *args: Any, **kwargs: Any) -> Any:
         """Runs the schedule (forwards, backwards, tied-weight and dp/sharding gradient
         reduction) and returns the loss; does not step the optimizer. Under
         delay_scale_loss the gradients are left unscaled by 1/accumulate_steps, as
-        Paddle's does: the caller (train_batch, or the Trainer) scales them."""
-        if static_scheduler:
+        Paddle's does: the caller (train_batch, or the Trainer) scales them.
+
+        The parameters after (data, scaler) are those of the instance's Paddle class
+        (FORWARD_BACKWARD_PARAMETERS): PipelineParallel's (static_scheduler,
+        return_micro_batch_loss), or the interleaved classes' (forward_only, compute_loss,
+        static_scheduler, return_micro_batch_loss). forward_only runs evaluation's
+        schedule (no backward) and returns the loss (compute_loss) or the loss stage's
+        outputs, as Paddle's interleaved eval_batch gets them."""
+        options = _forward_backward_signature(self.vpp > 1).bind(data, scaler, *args, **kwargs)
+        options.apply_defaults()
+        opt = options.arguments
+        if opt["static_scheduler"]:
             raise UnsupportedMember(
                 "PipelineParallel.forward_backward_pipeline(static_scheduler=True) is not supported by paddle_ext's "
                 "pipeline engine; its schedule is paddle_ext.pipeline.schedule (engine.schedule() returns it)")
         if isinstance(data, compat.pipeline_dataset_preprocessor_classes()):
             data = data()
+        if opt.get("forward_only", False):
+            return self._forward_only_step(micro_batch_data(data, self.accumulate_steps), opt["compute_loss"],
+                                           per_microbatch=opt["return_micro_batch_loss"])
+        if not opt.get("compute_loss", True):
+            raise InvalidArgumentError("forward_backward_pipeline: compute_loss = False is only allowed with "
+                                       "forward_only = True (Paddle asserts the same)")
         self.scaler = scaler
         self._layers.train()
         loss = self._forward_backward(micro_batch_data(data, self.accumulate_steps), self.optimizer, scaler,
-                                      return_micro_batch_loss, scale_accumulation=False)
+                                      opt["return_micro_batch_loss"], scale_accumulation=False)
         self.processed_steps += 1
         return loss
+
+
+# The parameters of Paddle's forward_backward_pipeline after (data, scaler), with their
+# defaults: PipelineParallel's (1F1B) and its interleaved classes' (PipelineParallelWithInterleave,
+# ...FthenB), keyed by "interleaved".
+FORWARD_BACKWARD_PARAMETERS: dict[bool, tuple[tuple[str, Any], ...]] = {
+    False: (("static_scheduler", False), ("return_micro_batch_loss", False)),
+    True: (("forward_only", False), ("compute_loss", True), ("static_scheduler", False),
+           ("return_micro_batch_loss", False)),
+}
+
+
+@functools.cache
+def _forward_backward_signature(interleaved: bool) -> inspect.Signature:
+    """The Signature a call binds to, so a wrong argument raises Python's TypeError, as
+    calling Paddle's method would."""
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    params = [inspect.Parameter("data", kind), inspect.Parameter("scaler", kind, default=None)]
+    params += [inspect.Parameter(name, kind, default=value) for name, value in FORWARD_BACKWARD_PARAMETERS[interleaved]]
+    return inspect.Signature(params)
 
 
 def micro_batch_data(data: Any, count: int) -> Any:

@@ -19,6 +19,7 @@ def test_pipeline_parallel_surface():
         assert f"rank {rank}: vpp=2 M=5: forward_backward_pipeline == train_batch bitwise" in log, result.describe()
         assert f"rank {rank}: all surface checks passed" in log, result.describe()
         assert "with count_shared_weights_once = the model's" in log, result.describe()
+        assert f"rank {rank}: forward_backward_pipeline(forward_only=True) == eval_batch" in log, result.describe()
         for vpp, m in ((1, 3), (2, 4)):
             assert f"rank {rank}: vpp={vpp} M={m}: user hooks and callbacks as Paddle runs them" in log, \
                 result.describe()

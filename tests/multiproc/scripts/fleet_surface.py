@@ -33,6 +33,11 @@ Usage: fleet_surface.py
    ones within the step's wall time; the step's forward / backward begin and end records
    are appended to ./profile_record_tmp_file_for_rank_<rank> in Paddle's format, which
    Paddle's own pp_utils/profiler_helper merges into a JSON trace.
+8. forward_backward_pipeline with each class's parameters: the interleaved classes'
+   (data, scaler, forward_only, compute_loss, ...) runs evaluation's schedule with
+   forward_only, its loss / per-micro-batch losses / outputs equal to eval_batch's and
+   the parameters untouched; compute_loss=False without forward_only refused as Paddle
+   asserts; PipelineParallel's (1F1B) takes no forward_only (TypeError, as Paddle's).
 """
 
 import contextlib
@@ -107,6 +112,37 @@ def trainer_step(engine, model, opt, data, m):
     opt.step()
     opt.clear_grad()
     return loss
+
+
+def check_forward_only(hcg, stage):
+    model, engine, _opt = build(hcg, 2, 4)
+    before = params(model)
+    ids, labels = batch(7, 4 * MBS, SEQ, VOCAB)
+    want = engine.eval_batch([ids, labels], compute_loss=True)
+    got = engine.forward_backward_pipeline([ids, labels], None, True, True)  # forward_only, compute_loss
+    assert np.array_equal(got.numpy(), want.numpy()), (got.numpy(), want.numpy())
+    per_mb = engine.forward_backward_pipeline([ids, labels], None, forward_only=True, return_micro_batch_loss=True)
+    assert per_mb.shape == [4], per_mb.shape
+    outputs = engine.forward_backward_pipeline([ids, labels], None, forward_only=True, compute_loss=False)
+    eval_outputs = engine.eval_batch([ids, labels], compute_loss=False)
+    if stage == PP - 1:
+        assert len(outputs) == 4 and all(np.array_equal(a.numpy(), b.numpy()) for a, b in zip(outputs, eval_outputs))
+    else:
+        assert outputs is None and eval_outputs is None
+    assert all(np.array_equal(a, b) for a, b in zip(before, params(model))), "forward_only changed parameters"
+    try:
+        engine.forward_backward_pipeline([ids, labels], None, compute_loss=False)
+    except AssertionError as err:  # Paddle asserts it; the plugin's error is a ValueError too
+        assert "compute_loss = False is only allowed with forward_only = True" in str(err), err
+    else:
+        raise AssertionError("compute_loss=False without forward_only was accepted")
+    _model, engine_1f1b, _opt = build(hcg, 1, 3)
+    try:
+        engine_1f1b.forward_backward_pipeline([ids, labels], None, forward_only=True)
+    except TypeError as err:
+        assert "forward_only" in str(err), err
+    else:
+        raise AssertionError("PipelineParallel's forward_backward_pipeline took forward_only")
 
 
 def check_classes(hcg, stage):
@@ -298,6 +334,8 @@ def main():
                                  [labels[i * MBS:(i + 1) * MBS] for i in range(4)]], compute_loss=True)
     assert np.array_equal(whole.numpy(), split.numpy())
     print(f"rank {stage}: accumulate_steps 3 -> 4 and eval_batch ok", flush=True)
+    check_forward_only(hcg, stage)
+    print(f"rank {stage}: forward_backward_pipeline(forward_only=True) == eval_batch", flush=True)
 
     model_a, engine_a, opt_a = build(hcg, 1, 4)
     model_b, engine_b, opt_b = build(hcg, 1, 4, mbs=1)
