@@ -17,12 +17,18 @@ With 4 or more gloo ranks, fleet's topology set-up also
 fails: ProcessGroupGloo rendezvous with unprefixed keys in the job's one store,
 so each gloo group now gets a store of its own (paddle_ext.comm.gloo). Groups made
 before the unit applied (the plugin enabled after fleet.init) keep Paddle's
-rendezvous: enabling then warns, naming them.
+rendezvous: enabling then warns, naming them. Before the job's global gloo group
+connects, every rank checks the address gloo will advertise for it
+(paddle_ext.comm.address_check): in a job across hosts, a loopback address (no
+GLOO_SOCKET_IFNAME, the hostname resolving to 127.0.0.1) or a GLOO_SOCKET_IFNAME naming
+no usable interface stops every rank within seconds with the address, the interface and
+what to set, where Paddle had one rank refused and the others hanging in connectFullMesh.
 """
 
 from __future__ import annotations
 
 from paddle_ext import compat
+from paddle_ext.comm.address_check import check_before_connect
 from paddle_ext.comm.gloo import (
     CALC_STREAM_METHODS,
     cpu_broadcast_input_data,
@@ -47,8 +53,10 @@ def _apply(patcher: Patcher) -> None:
     # imported=True: fleet's TensorParallel module took the function by name at import
     patcher.swap(util, "broadcast_input_data", cpu_broadcast_input_data(util.broadcast_input_data), imported=True)
     collective = compat.collective_module()
+    # the global group's creation checks every rank's gloo address first (a loopback address
+    # in a job across hosts fails every rank at once instead of hanging)
     patcher.swap(collective, "_new_process_group_impl",
-                 private_store_process_groups(collective._new_process_group_impl))
+                 private_store_process_groups(check_before_connect(collective._new_process_group_impl)))
     warn_if_groups_came_first()
 
 
