@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -32,6 +33,7 @@ from tests.multiproc.launch import (
     launcher_port_range,
 )
 
+_NETNS_ETC = "/etc/netns"  # ip netns exec's per-namespace /etc files
 MASTER_PORT = 36789  # every namespace has its own port space: the master's port is free there
 
 
@@ -108,7 +110,17 @@ class EmulatedHosts:
                 except (ProcessLookupError, ValueError):
                     pass
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+            shutil.rmtree(os.path.join(_NETNS_ETC, ns), ignore_errors=True)
         self.hosts.clear()
+
+    def hostname_resolves_to_own_address(self, i: int) -> None:
+        """On host i the machine's hostname resolves to the host's own address, as on a
+        machine whose /etc/hosts or DNS names it (here it resolves to 127.0.0.1): `ip netns
+        exec` mounts /etc/netns/<netns>/hosts over /etc/hosts for what it starts afterwards."""
+        folder = os.path.join(_NETNS_ETC, self.hosts[i].netns)
+        os.makedirs(folder, exist_ok=True)
+        with open(os.path.join(folder, "hosts"), "w") as f:
+            f.write(f"127.0.0.1 localhost\n{self.hosts[i].address} {socket.gethostname()}\n")
 
     def link_down(self, i: int) -> None:
         """Host i drops off the network: its bridge port goes down (no FIN, no RST)."""
