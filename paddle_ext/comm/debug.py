@@ -94,7 +94,8 @@ def start_watchdog(store: Any = None) -> Optional[watchdog.Watchdog]:
     store = store if store is not None else compat.job_store()
     if not s.watchdog or world < 2 or store is None:
         return None
-    return watchdog.start(store, rank, world, tracer(), s.hang_timeout)
+    return watchdog.start(store, rank, world, tracer(), s.hang_timeout,
+                          heartbeat_timeout=s.heartbeat_timeout)
 
 
 def _write_trace_at_exit(directory: str, rank: int) -> None:

@@ -181,15 +181,18 @@ def _groups(states: dict[int, Optional[dict]]) -> dict[int, list[int]]:
 
 
 def analyse(states: dict[int, Optional[dict]], world_size: int, reason: str, exit_code: int,
-            notes: Optional[dict[int, str]] = None) -> Report:
+            notes: Optional[dict[int, str]] = None, hosts: Optional[dict[int, str]] = None) -> Report:
     """The report for one incident. `states[r]` is None for a rank that did not answer;
-    `notes[r]` says why, where that is known (a lost rank)."""
+    `notes[r]` says why, where that is known (a lost rank); `hosts[r]`: where rank r
+    runs (its address as the launcher gave it), listed on a line of its own."""
     notes = notes or {}
     groups = _groups(states)
     lines = [f"paddle_ext comm watchdog: {reason}", "what each rank is doing:"]
     unreachable = [r for r in range(world_size) if states.get(r) is None and r not in notes]
     for r in range(world_size):
         lines.append(f"  rank {r}: {_now_doing(r, states.get(r), notes.get(r, ''))}")
+    if hosts:
+        lines.append("where the ranks run: " + "; ".join(f"rank {r} on {hosts[r]}" for r in sorted(hosts)))
     involved = set()
     for state in states.values():
         if state is not None:

@@ -12,12 +12,26 @@ Incidents, and what the hub does with them:
 - a connection closes without a goodbye -> that rank is lost (SIGKILL, a crash: the
   kernel closes a dead process's sockets, so this is seen at once, not after a
   communicator's timeout); the hub itself lost -> every rank names rank 0;
+- a connection stays silent for heartbeat_timeout seconds -> that rank is lost (its
+  host lost power or its link, or the process is stopped: no FIN, no RST, so only
+  silence tells). Both ends send a heartbeat every heartbeat_timeout / 5 seconds from
+  their own thread (the hub's, and each rank's watchdog thread), so a rank that
+  computes (Paddle's kernels release the GIL; Python code yields it every few ms) or
+  waits in a collective (gloo releases the GIL too) keeps beating; a rank whose hub
+  goes silent names rank 0 lost the same way. TCP keepalive would take minutes by
+  default and is per-socket kernel tuning; this needs none;
 - a rank's program raised -> "failed" (sent from its exit handler);
 - all ranks finished but with different operation counts on a group.
 The hub then asks every live rank for its tracer snapshot, waits up to `grace`
 seconds, builds the report (comm/report.py) and sends it to every rank, which prints
 it and ends with EXIT_HANG (3) or EXIT_PEER (4): a rank blocked in a collective
-cannot be woken, so the process ends with os._exit from the watchdog thread.
+cannot be woken, so the process ends with os._exit from the watchdog thread. The
+report names each rank's host: the address the launcher gave it (--host; one
+hostname is often shared by every machine of a cluster image).
+
+The side channel's sockets have TCP_NODELAY on: its messages are small, and a reply
+written behind an unacknowledged one would otherwise wait for the peer's delayed ACK
+(40 ms on Linux), across hosts as on one.
 
 At a normal exit each rank tells the hub it finished and waits (at most
 hang_timeout + grace) until every rank did, so a rank that skipped an operation
@@ -49,6 +63,23 @@ _STORE_KEY = "paddle_ext/comm_watchdog/hub"
 _DEBUG = os.environ.get("PADDLE_EXT_WATCHDOG_DEBUG", "") not in ("", "0")
 
 
+def _nodelay(sock: socket.socket) -> socket.socket:
+    """Nagle's algorithm off (see the module docstring); a no-op where not TCP."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    except OSError:
+        pass
+    return sock
+
+
+def _describe(meta: dict, peer: str = "") -> str:
+    """Where a rank runs, from its hello: '10.0.0.2 (pid 42, hostname vm)'."""
+    host = meta.get("host") or peer or "?"
+    if host in ("127.0.0.1", "::1", "localhost") and peer and peer not in ("127.0.0.1", "::1"):
+        host = peer  # the launcher gave it no address: the one its connection came from
+    return f"{host} (pid {meta.get('pid')}, hostname {meta.get('hostname', '?')})"
+
+
 def _debug(text: str) -> None:
     if _DEBUG:
         print(f"paddle_ext watchdog debug [{time.time():.3f}]: {text}", file=sys.stderr, flush=True)
@@ -57,12 +88,14 @@ def _debug(text: str) -> None:
 class _Channel:
     """JSON lines over a socket; send may be called from any thread."""
 
-    def __init__(self, sock: socket.socket) -> None:
+    def __init__(self, sock: socket.socket, peer: str = "") -> None:
         self.sock = sock
+        self.peer = peer
         self.buf = b""
         self.lock = threading.Lock()
         self.rank = -1
         self.meta: dict = {}
+        self.last_heard = time.monotonic()
 
     def send(self, msg: dict) -> bool:
         data = (json.dumps(msg) + "\n").encode()
@@ -83,6 +116,7 @@ class _Channel:
             chunk = b""
         if not chunk:
             return None
+        self.last_heard = time.monotonic()
         self.buf += chunk
         *lines, self.buf = self.buf.split(b"\n")
         return [json.loads(line) for line in lines if line]
@@ -91,10 +125,13 @@ class _Channel:
 class Hub(threading.Thread):
     """Rank 0's end: collects incidents, gathers states, hands out the verdict."""
 
-    def __init__(self, world_size: int, grace: float, settle: float = 0.5) -> None:
+    def __init__(self, world_size: int, grace: float, settle: float = 0.5, heartbeat_timeout: float = 0.0) -> None:
         super().__init__(name="paddle_ext-watchdog-hub", daemon=True)
         self.world_size = world_size
         self.grace, self.settle = grace, settle
+        self.heartbeat_timeout = heartbeat_timeout  # 0: no heartbeat
+        self.next_beat = 0.0
+        self.where: dict[int, str] = {}  # rank -> its host, pid and hostname
         self.server = socket.socket()
         self.server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.server.bind(("0.0.0.0", 0))
@@ -114,11 +151,11 @@ class Hub(threading.Thread):
         self.closing = False
 
     # --- incidents ---------------------------------------------------------------
-    def _incident(self, reason: str, code: int, lost: Optional[int] = None) -> None:
+    def _incident(self, reason: str, code: int, lost: Optional[int] = None, note: str = "") -> None:
         if self.closing:
             return
         if lost is not None:  # the likely cause of whatever else is reported: first
-            self.lost[lost] = "lost: its watchdog connection closed without a goodbye"
+            self.lost[lost] = note
             self.reasons.insert(0, reason)
         elif reason not in self.reasons:
             self.reasons.append(reason)
@@ -144,7 +181,8 @@ class Hub(threading.Thread):
 
     def _verdict(self) -> None:
         states: dict[int, Optional[dict]] = {r: self.states.get(r) for r in range(self.world_size)}
-        rep = report.analyse(states, self.world_size, "; ".join(self.reasons), self.exit_code, self.lost)
+        rep = report.analyse(states, self.world_size, "; ".join(self.reasons), self.exit_code, self.lost,
+                             hosts=self.where)
         self.closing = True
         self.collect_deadline = None
         msg = {"t": "verdict", "text": rep.text, "code": self.exit_code}
@@ -156,10 +194,13 @@ class Hub(threading.Thread):
     # --- messages ----------------------------------------------------------------
     def _on_message(self, ch: _Channel, msg: dict) -> None:
         t = msg.get("t")
+        if t == "beat":
+            return
         _debug(f"hub got {t} from rank {msg.get('rank', ch.rank)}")
         if t == "hello":
             ch.rank, ch.meta = int(msg["rank"]), msg
             self.channels[ch.rank] = ch
+            self.where[ch.rank] = _describe(msg, ch.peer)
         elif t == "stuck":
             self._incident(f"rank {ch.rank} made no progress for {msg['age']:.1f} s: it waits in "
                            f"{msg['what']}", EXIT_HANG)
@@ -197,9 +238,33 @@ class Hub(threading.Thread):
             return
         del self.channels[ch.rank]
         if ch.rank not in self.said_bye and not self.closing:
-            where = f"pid {ch.meta.get('pid')} on {ch.meta.get('host')}"
-            self._incident(f"rank {ch.rank} lost ({where}): its watchdog connection closed without a "
-                           "goodbye (killed, or crashed before Python's exit handlers)", EXIT_PEER, lost=ch.rank)
+            self._incident(f"rank {ch.rank} lost (on {self.where.get(ch.rank)}): its watchdog connection closed "
+                           "without a goodbye (killed, or crashed before Python's exit handlers)", EXIT_PEER,
+                           lost=ch.rank, note="lost: its watchdog connection closed without a goodbye")
+
+    def _heartbeat(self, now: float) -> None:
+        """Beats to every rank; a rank silent for heartbeat_timeout is lost."""
+        if not self.heartbeat_timeout:
+            return
+        if now >= self.next_beat:
+            self.next_beat = now + self.heartbeat_timeout / 5
+            for ch in list(self.channels.values()):
+                ch.send({"t": "beat"})
+        if self.closing:
+            return
+        for ch in list(self.channels.values()):
+            quiet = now - ch.last_heard
+            if quiet <= self.heartbeat_timeout or ch.rank in self.said_bye:
+                continue
+            _debug(f"hub: rank {ch.rank} silent for {quiet:.1f} s")
+            # Its connection is dropped: should the rank come back, it sees the hub gone.
+            self.sel.unregister(ch.sock)
+            ch.sock.close()
+            del self.channels[ch.rank]
+            self._incident(f"rank {ch.rank} lost (on {self.where.get(ch.rank)}): its watchdog sent nothing for "
+                           f"{quiet:.1f} s (comm.heartbeat_timeout {self.heartbeat_timeout:g} s): its host or "
+                           "its network link went silent, or the process is stopped", EXIT_PEER, lost=ch.rank,
+                           note=f"lost: silent for {quiet:.1f} s (no heartbeat)")
 
     # --- the loop ----------------------------------------------------------------
     def run(self) -> None:
@@ -214,9 +279,9 @@ class Hub(threading.Thread):
         while True:
             for key, _ in self.sel.select(timeout=0.1):
                 if key.fileobj is self.server:
-                    sock, _addr = self.server.accept()
+                    sock, addr = self.server.accept()
                     sock.setblocking(False)
-                    self.sel.register(sock, selectors.EVENT_READ, _Channel(sock))
+                    self.sel.register(sock, selectors.EVENT_READ, _Channel(_nodelay(sock), str(addr[0])))
                     continue
                 ch = key.data
                 msgs = ch.read()
@@ -226,6 +291,7 @@ class Hub(threading.Thread):
                 for msg in msgs:
                     self._on_message(ch, msg)
             now = time.monotonic()
+            self._heartbeat(now)
             if self.settle_deadline is not None and now >= self.settle_deadline:
                 self._collect()
             if self.collect_deadline is not None and (
@@ -241,13 +307,17 @@ class Watchdog(threading.Thread):
     """Every rank's end of the side channel (see the module docstring)."""
 
     def __init__(self, rank: int, world_size: int, hub_address: tuple[str, int], tracer: CommTracer,
-                 hang_timeout: float, grace: float, exit_fn: Callable[[int], None] = os._exit) -> None:
+                 hang_timeout: float, grace: float, exit_fn: Callable[[int], None] = os._exit,
+                 heartbeat_timeout: float = 0.0) -> None:
         super().__init__(name=f"paddle_ext-watchdog-rank{rank}", daemon=True)
         self.rank, self.world_size = rank, world_size
         self.hub_address = hub_address
         self.tracer = tracer
         self.hang_timeout, self.grace = hang_timeout, grace
+        self.heartbeat_timeout = heartbeat_timeout  # 0: no heartbeat
         self.tick = min(1.0, max(0.05, hang_timeout / 10)) if hang_timeout else 1.0
+        if heartbeat_timeout:
+            self.tick = min(self.tick, heartbeat_timeout / 10)
         self.exit_fn = exit_fn
         self.status = "running"
         self.error: Optional[str] = None
@@ -270,29 +340,57 @@ class Watchdog(threading.Thread):
                           f"{self.hub_address}; running without a watchdog", file=sys.stderr, flush=True)
                     return
                 time.sleep(0.2)
-        sock.settimeout(None)
-        self.ch = _Channel(sock)
-        self.ch.send({"t": "hello", "rank": self.rank, "pid": os.getpid(), "host": socket.gethostname()})
+        # A send never blocks for good on a hub that went silent (its buffer full).
+        sock.settimeout(max(5.0, self.heartbeat_timeout) if self.heartbeat_timeout else None)
+        self.ch = _Channel(_nodelay(sock))
+        self.ch.send({"t": "hello", "rank": self.rank, "pid": os.getpid(), "host": compat.current_host(),
+                      "hostname": socket.gethostname()})
         self.connected.set()
         sel = selectors.DefaultSelector()
         sel.register(sock, selectors.EVENT_READ)
+        next_beat = 0.0
         while True:
             if sel.select(timeout=self.tick):
                 msgs = self.ch.read()
                 if msgs is None:
                     if self.leaving:
                         return
-                    self._end("paddle_ext comm watchdog: rank 0 lost (it serves the watchdog's hub): "
-                              f"the connection closed without a verdict; ending rank {self.rank}", EXIT_PEER)
+                    self._hub_lost("the connection closed without a verdict", "its connection closed")
                     return
                 for msg in msgs:
                     self._on_message(msg)
             if self.ended:
                 return
+            if self.heartbeat_timeout:
+                now = time.monotonic()
+                if now >= next_beat:
+                    next_beat = now + self.heartbeat_timeout / 5
+                    self.ch.send({"t": "beat"})
+                quiet = now - self.ch.last_heard
+                if quiet > self.heartbeat_timeout and not self.leaving:
+                    self._hub_lost(f"it sent nothing for {quiet:.1f} s (comm.heartbeat_timeout "
+                                   f"{self.heartbeat_timeout:g} s): its host or its network link went silent, "
+                                   "or the process is stopped", f"silent for {quiet:.1f} s (no heartbeat)")
+                    return
             self._check_progress()
+
+    def _hub_lost(self, why: str, short: str) -> None:
+        """Rank 0's hub is gone: this rank's own report (it knows only itself), then the end."""
+        host = self.hub_address[0]
+        reason = f"rank 0 lost (it serves the watchdog's hub) on {host}: {why}; ending rank {self.rank}"
+        notes = {r: "unknown here: rank 0's hub was this rank's only line to it"
+                 for r in range(self.world_size) if r != self.rank}
+        notes[0] = f"lost: {short}"
+        try:
+            text = report.analyse({self.rank: self.state()}, self.world_size, reason, EXIT_PEER, notes).text
+        except Exception:  # noqa: BLE001 - the report is a courtesy: the end must come
+            text = f"paddle_ext comm watchdog: {reason}"
+        self._end(text, EXIT_PEER)
 
     def _on_message(self, msg: dict) -> None:
         t = msg.get("t")
+        if t == "beat":
+            return
         _debug(f"rank {self.rank} got {t}")
         if t == "collect":
             self.ch.send({"t": "state", "state": self.state()})
@@ -362,7 +460,7 @@ def running() -> Optional[Watchdog]:
 
 
 def start(store: Any, rank: int, world_size: int, tracer: CommTracer, hang_timeout: float,
-          grace: Optional[float] = None) -> Optional[Watchdog]:
+          grace: Optional[float] = None, heartbeat_timeout: float = 15.0) -> Optional[Watchdog]:
     """Starts this rank's watchdog (collective over the job: every rank calls it, at
     init). The hub's address travels through `store` (the job's TCPStore), on this
     thread: the store's client is not shared with the watchdog thread."""
@@ -370,7 +468,7 @@ def start(store: Any, rank: int, world_size: int, tracer: CommTracer, hang_timeo
         return running()
     grace = grace if grace is not None else min(10.0, max(2.0, hang_timeout / 4 if hang_timeout else 5.0))
     if rank == 0:
-        hub = Hub(world_size, grace)
+        hub = Hub(world_size, grace, heartbeat_timeout=heartbeat_timeout)
         store.set(_STORE_KEY, f"{compat.current_host()}:{hub.port}")
         hub.start()
         _STATE["hub"] = hub
@@ -378,7 +476,8 @@ def start(store: Any, rank: int, world_size: int, tracer: CommTracer, hang_timeo
         store.wait(_STORE_KEY)
     host, port = bytes(store.get(_STORE_KEY)).decode().rsplit(":", 1)
     tracer.watch_device = bool(hang_timeout)  # NCCL ops in flight on the device count too
-    dog = Watchdog(rank, world_size, (host, int(port)), tracer, hang_timeout, grace)
+    dog = Watchdog(rank, world_size, (host, int(port)), tracer, hang_timeout, grace,
+                   heartbeat_timeout=heartbeat_timeout)
     dog.start()
     _STATE["watchdog"] = dog
     _install_exit_hooks(dog)
