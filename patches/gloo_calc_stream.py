@@ -53,24 +53,32 @@ def _apply(patcher: Patcher) -> None:
     # imported=True: fleet's TensorParallel module took the function by name at import
     patcher.swap(util, "broadcast_input_data", cpu_broadcast_input_data(util.broadcast_input_data), imported=True)
     collective = compat.collective_module()
-    # the global group's creation checks every rank's gloo address first (a loopback address
-    # in a job across hosts fails every rank at once instead of hanging)
     patcher.swap(collective, "_new_process_group_impl",
-                 private_store_process_groups(check_before_connect(collective._new_process_group_impl)))
+                 private_store_process_groups(collective._new_process_group_impl))
+    # init_parallel_env makes the global group through the name parallel.py imported from
+    # collective: there every rank's gloo address is checked first (a loopback address in a
+    # job across hosts fails every rank at once instead of hanging)
+    parallel = _module("paddle.distributed.parallel")
+    patcher.swap(parallel, "_new_process_group_impl", check_before_connect(parallel._new_process_group_impl))
     warn_if_groups_came_first()
 
 
 def _hybrid_parallel_util():
+    return _module("paddle.distributed.fleet.utils.hybrid_parallel_util")
+
+
+def _module(name: str):
     import importlib
 
-    return importlib.import_module("paddle.distributed.fleet.utils.hybrid_parallel_util")
+    return importlib.import_module(name)
 
 
 def _verify() -> bool:
     cls = compat.gloo_process_group_class()
     methods = all(vars(cls).get(name) is fn for name, fn in {**CALC_STREAM_METHODS, **EXCHANGE_METHODS}.items())
     return (methods and all(hasattr(o.c_identity, "__wrapped__") for o in compat.c_identity_owners())
-            and hasattr(_hybrid_parallel_util().broadcast_input_data, "__wrapped__"))
+            and hasattr(_hybrid_parallel_util().broadcast_input_data, "__wrapped__")
+            and hasattr(_module("paddle.distributed.parallel")._new_process_group_impl, "__wrapped__"))
 
 
 def _unavailable() -> str | None:

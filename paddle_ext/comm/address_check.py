@@ -289,9 +289,10 @@ def check(store: Any, rank: int, world_size: int, env: Optional[Mapping[str, str
 
 
 def check_before_connect(original: Callable[..., Any]) -> Callable[..., Any]:
-    """collective._new_process_group_impl that runs `check` before the job's global gloo
-    group (group id 0, made by init_parallel_env on every rank with the job store)
-    connects; other groups and backends go straight through."""
+    """_new_process_group_impl (the name paddle.distributed.parallel imported from
+    collective, through which init_parallel_env makes the job's global group, id 0, on
+    every rank with the job store) that runs `check` before that group connects over gloo;
+    other groups and backends go straight through."""
 
     @functools.wraps(original)
     def _new_process_group_impl(backend, store, rank, world_size, group_name, pg_options,
