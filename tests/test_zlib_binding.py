@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -100,7 +101,8 @@ def test_zlib_works_whichever_comes_first(order):
     elif order.startswith("paddle_ext"):
         assert out["decision"] == "zlib imported by paddle_ext before Paddle: libz.so.1 bound to itself"
     else:
-        assert out["decision"].startswith("17 of libz.so.1's calls into itself rebound from libpaddle.so's"), out
+        # 17 on 2.6.2, 19 on 3.0.0 (whose libpaddle.so bundles zlib 1.2.8 and links libz.so.1 too)
+        assert re.match(r"\d+ of libz.so.1's calls into itself rebound from libpaddle.so's", out["decision"]), out
 
 
 @needs_2_6
@@ -108,6 +110,10 @@ def test_without_the_plugin_zlib_breaks_after_paddle():
     """The failure the plugin removes (so the tests above can fail): stock 2.6.2 dies at
     the first compression."""
     proc = run_child("paddle", code=CHILD.replace("from paddle_ext import zlib_binding", "raise SystemExit(0)"))
+    if proc.returncode == 0 and compat.paddle_version() >= (3, 0, 0):
+        # measured: 3.0.0's libpaddle.so misbinds libz.so.1 as well (19 calls, the doctor's
+        # test below), but this child's round trips happen to survive it
+        pytest.skip(f"Paddle {compat.paddle_version()} misbinds libz.so.1 without crashing this round trip")
     assert proc.returncode != 0 and not proc.stdout, proc.stdout
     # SIGSEGV, or SIGABRT from glibc's malloc checks (both seen), or zlib's own error
     assert proc.returncode in (-11, -6) or "zlib.error" in proc.stderr, (proc.returncode, proc.stderr[-2000:])
@@ -150,11 +156,14 @@ def test_switched_off_the_doctor_reports_and_rebind_repairs(mode):
     assert proc.returncode == 0, (proc.returncode, proc.stderr[-2000:])
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["decision"] == "left as the loader bound it (PADDLE_EXT_ZLIB=off)"
-    assert out["problem"].startswith("zlib: 17 of libz.so.1's calls into itself are bound to libpaddle.so's zlib 1.2.8 ")
+    assert re.match(r"zlib: \d+ of libz.so.1's calls into itself are bound to libpaddle.so's zlib 1.2.8 ",
+                    out["problem"]), out["problem"]
     assert "inflateReset2" in out["problem"] and out["problem"].endswith(
         "import paddle_ext (or zlib) before paddle, or unset PADDLE_EXT_ZLIB")
     assert out["report"].startswith("zlib: BROKEN; libz.so.1 at ")
-    assert out["rebound"] == 17 and {"inflateReset2", "deflateReset", "inflateInit2_"} <= set(out["symbols"])
+    # 17 on 2.6.2, 19 on 3.0.0: each one the problem named
+    assert out["rebound"] == len(out["symbols"]) >= 17, out
+    assert {"inflateReset2", "deflateReset", "inflateInit2_"} <= set(out["symbols"])
     assert out["after"] == [True, None, []]
     if mode == "relro":
         assert out["protection_after"] == [1]
