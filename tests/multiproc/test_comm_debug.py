@@ -27,13 +27,16 @@ def test_a_rank_that_skips_an_all_reduce_is_named_with_the_diverging_sequence_nu
 
 
 def test_a_wait_inside_long_wait_outlasts_hang_timeout_and_the_same_wait_outside_ends_the_job():
-    result = launch("comm_long_wait.py", nproc=2, timeout=120, env={"PADDLE_EXT_HANG_TIMEOUT": "2"})
+    """With a 1.5 s heartbeat bound too: a checkpoint barrier of 6 s is no silence."""
+    result = launch("comm_long_wait.py", nproc=2, timeout=120,
+                    env={"PADDLE_EXT_HANG_TIMEOUT": "2", "PADDLE_EXT_HEARTBEAT_TIMEOUT": "1.5"})
     assert not result.timed_out and result.returncode == 3, result.describe()
     for rank in (0, 1):
         assert f"rank {rank}: past the long wait" in result.logs[rank], result.describe()
         assert f"[rank {rank}] ending every rank with exit code 3" in result.logs[rank]
     assert "made no progress" in result.all_text()
     assert "past the unguarded wait" not in result.all_text()
+    assert " lost" not in result.all_text(), result.describe()
 
 
 @pytest.mark.parametrize("pp, victim, placement", [(2, 1, ""), (4, 2, ""), (2, 1, "v")])
