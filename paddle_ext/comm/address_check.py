@@ -262,8 +262,8 @@ def message(problems: Sequence[str]) -> str:
     shown = list(problems[:_SHOWN])
     if len(problems) > _SHOWN:
         shown.append(f"... and {len(problems) - _SHOWN} more rank(s)")
-    return ("paddle_ext: gloo could not connect this job's ranks across hosts; stopping every rank "
-            "before it hangs:\n  " + "\n  ".join(shown)
+    return ("paddle_ext: gloo cannot connect this job's ranks with the addresses they "
+            "would advertise; stopping every rank before it hangs:\n  " + "\n  ".join(shown)
             + "\nSee README, 'Across machines on CPU' (PADDLE_EXT_ADDRESS_CHECK=off skips this check).")
 
 

@@ -224,8 +224,9 @@ def test_check_raises_on_every_rank_with_all_problems_and_can_be_switched_off(mo
     for t in threads:
         t.join(30)
     assert len(errors) == 2 and errors[0] == errors[1]
-    assert errors[0] == ("paddle_ext: gloo could not connect this job's ranks across hosts; stopping every rank "
-                         "before it hangs:\n  rank 9 (host z) bad\nSee README, 'Across machines on CPU' "
+    assert errors[0] == ("paddle_ext: gloo cannot connect this job's ranks with the addresses they would "
+                         "advertise; stopping every rank before it hangs:\n  rank 9 (host z) bad\nSee README, "
+                         "'Across machines on CPU' "
                          "(PADDLE_EXT_ADDRESS_CHECK=off skips this check).")
     untouched = FakeStore()
     ac.check(untouched, 0, 2, env={"PADDLE_EXT_ADDRESS_CHECK": "off", "PADDLE_TRAINER_ID": "9"})

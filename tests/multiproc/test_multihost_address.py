@@ -21,7 +21,7 @@ pytestmark = pytest.mark.multiprocess
 _NO_HOSTS = can_make_hosts()
 multihost = pytest.mark.skipif(_NO_HOSTS is not None, reason=_NO_HOSTS or "")
 
-STOPPED = "paddle_ext: gloo could not connect this job's ranks across hosts"
+STOPPED = "paddle_ext: gloo cannot connect this job's ranks with the addresses they would advertise"
 
 
 @multihost
