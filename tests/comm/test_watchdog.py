@@ -255,7 +255,7 @@ def test_a_stopped_rank_is_named_lost_with_its_host_within_the_bound(capfd):
     assert exits.done.wait(BOUND + SLACK), exits.codes
     took = time.monotonic() - stopped
     assert exits.codes == {0: EXIT_PEER, 2: EXIT_PEER}
-    assert took >= BOUND * 4 / 5 - 0.05, took  # not before the bound: the last beat was at most bound/5 old
+    assert took >= BOUND / 2, took  # not long before the bound: the last beat was ~bound/5 old (+ a tick)
     err = capfd.readouterr().err
     pid = procs[1].pid
     assert re.search(rf"\[rank 0\] paddle_ext comm watchdog: rank 1 lost \(on 127\.0\.0\.1 \(pid {pid}, hostname "
@@ -272,7 +272,7 @@ def test_a_stopped_hub_is_named_as_rank_0_by_every_other_rank_within_the_bound(c
     stopped = time.monotonic()
     os.kill(procs[0].pid, signal.SIGSTOP)  # rank 0 and the hub it serves go silent together
     assert exits.done.wait(BOUND + SLACK), exits.codes
-    assert time.monotonic() - stopped >= BOUND * 4 / 5 - 0.05
+    assert time.monotonic() - stopped >= BOUND / 2
     assert exits.codes == {1: EXIT_PEER, 2: EXIT_PEER}
     err = capfd.readouterr().err
     for r in (1, 2):

@@ -64,7 +64,7 @@ def test_a_host_whose_link_goes_down_is_named_with_its_address_by_the_other(tmp_
     assert "rank 0 ended" in seen, result.describe()
     took = seen["rank 0 ended"] - seen["down"]
     print(f"link down -> rank 0 ended: {took:.2f} s; job {result.elapsed:.1f} s")
-    assert BOUND * 4 / 5 - 0.1 <= took <= BOUND + SLACK, (took, result.describe())
+    assert BOUND / 2 <= took <= BOUND + SLACK, (took, result.describe())  # the last beat was ~BOUND/5 old
     log0 = result.logs[0]
     assert re.search(rf"\[rank 0\] paddle_ext comm watchdog: rank 1 lost \(on {re.escape(lost_address)} \(pid \d+, "
                      r"hostname [^)]*\)\): its watchdog sent nothing for [\d.]+ s", log0), result.describe()
