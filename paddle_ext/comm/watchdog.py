@@ -18,8 +18,8 @@ Incidents, and what the hub does with them:
   their own thread (the hub's, and each rank's watchdog thread), so a rank that
   computes (Paddle's kernels release the GIL; Python code yields it every few ms) or
   waits in a collective (gloo releases the GIL too) keeps beating; a rank whose hub
-  goes silent names rank 0 lost the same way. TCP keepalive would take minutes by
-  default and is per-socket kernel tuning; this needs none;
+  goes silent names rank 0 lost the same way. TCP keepalive is no substitute: by
+  Linux's defaults it notices a dead peer after more than two hours;
 - a rank's program raised -> "failed" (sent from its exit handler);
 - all ranks finished but with different operation counts on a group.
 The hub then asks every live rank for its tracer snapshot, waits up to `grace`
@@ -343,8 +343,7 @@ class Watchdog(threading.Thread):
         # A send never blocks for good on a hub that went silent (its buffer full).
         sock.settimeout(max(5.0, self.heartbeat_timeout) if self.heartbeat_timeout else None)
         self.ch = _Channel(_nodelay(sock))
-        self.ch.send({"t": "hello", "rank": self.rank, "pid": os.getpid(), "host": compat.current_host(),
-                      "hostname": socket.gethostname()})
+        self.ch.send(self._hello())
         self.connected.set()
         sel = selectors.DefaultSelector()
         sel.register(sock, selectors.EVENT_READ)
@@ -374,6 +373,10 @@ class Watchdog(threading.Thread):
                     return
             self._check_progress()
 
+    def _hello(self) -> dict:
+        return {"t": "hello", "rank": self.rank, "pid": os.getpid(), "host": compat.current_host(),
+                "hostname": socket.gethostname()}
+
     def _hub_lost(self, why: str, short: str) -> None:
         """Rank 0's hub is gone: this rank's own report (it knows only itself), then the end."""
         host = self.hub_address[0]
@@ -381,8 +384,10 @@ class Watchdog(threading.Thread):
         notes = {r: "unknown here: rank 0's hub was this rank's only line to it"
                  for r in range(self.world_size) if r != self.rank}
         notes[0] = f"lost: {short}"
+        hosts = {0: host, self.rank: _describe(self._hello())}
         try:
-            text = report.analyse({self.rank: self.state()}, self.world_size, reason, EXIT_PEER, notes).text
+            text = report.analyse({self.rank: self.state()}, self.world_size, reason, EXIT_PEER, notes,
+                                  hosts=hosts).text
         except Exception:  # noqa: BLE001 - the report is a courtesy: the end must come
             text = f"paddle_ext comm watchdog: {reason}"
         self._end(text, EXIT_PEER)

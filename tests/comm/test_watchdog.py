@@ -279,6 +279,7 @@ def test_a_stopped_hub_is_named_as_rank_0_by_every_other_rank_within_the_bound(c
         assert (f"[rank {r}] paddle_ext comm watchdog: rank 0 lost (it serves the watchdog's hub) on 127.0.0.1: "
                 "it sent nothing for") in err, err
         assert f"[rank {r}]   rank {r}: is not in any communication" in err  # its own state, in its own report
+        assert f"[rank {r}] where the ranks run: rank 0 on 127.0.0.1; rank {r} on 127.0.0.1 (pid {os.getpid()}, " in err
         assert f"[rank {r}] ending every rank with exit code 4" in err
 
 
