@@ -7,11 +7,13 @@ written in pieces waits for the peer's delayed ACK, 40 ms on Linux: a `get` of a
 took 43-96 ms on 3.3.1), and a rank that reaches init_parallel_env before rank 0's server
 listens is refused and sleeps 3 s before it connects again. This unit wraps
 `core.create_or_get_global_tcp_store`, which init_parallel_env calls on every rank: the
-other ranks wait until rank 0's server listens (where it is on this machine: the kernel's
-socket table, paddle_ext.comm.store_sockets), and the store's connections get
+other ranks wait until rank 0's server listens (on this machine: the kernel's socket
+table; on another host: a plain connection it accepts, tried every few milliseconds;
+paddle_ext.comm.store_sockets), and the store's connections get
 TCP_NODELAY as they appear (rank 0's constructor polls the store through its own
 connection until every rank has joined). Every backend's job store (gloo, NCCL, XCCL) goes through it; no value a
-store holds changes. The gloo groups' own stores get the same in gloo_calc_stream.
+store holds changes. The gloo groups' own stores get the same in gloo_calc_stream (their
+address is published once they listen).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from paddle_ext.comm.store_sockets import nodelay_meanwhile, wait_until_listening
+from paddle_ext.comm.store_sockets import nodelay_meanwhile, publish_once_listening
 
 
 def all_reduce_on_calc_stream(self: Any, tensor: Any, op: Any = None) -> Any:
@@ -166,10 +166,11 @@ def private_store_process_groups(original: Callable[..., Any]) -> Callable[..., 
     passed through the job store under a key unique to the group) makes every
     rendezvous start from empty keys.
 
-    The other ranks connect to a group's store once its server listens, and its
-    connections get TCP_NODELAY (comm.store_sockets): each group's rendezvous had waited
-    for delayed ACKs (a two-rank group took 0.46 s, 0.035 s since) and now and then for
-    Paddle's 3 s connect retry.
+    A group store's address is published only once its server listens, so the other
+    ranks, on any host, connect at once, and its connections get TCP_NODELAY
+    (comm.store_sockets): each group's rendezvous had waited for delayed ACKs (a two-rank
+    group took 0.46 s, 0.035 s since) and now and then for Paddle's 3 s connect retry
+    (published before it listened: across two hosts 1-3 retries in most pp2 jobs).
     """
 
     def _new_process_group_impl(backend, store, rank, world_size, group_name, pg_options,
@@ -208,13 +209,14 @@ def _group_store(job_store: Any, group_id: int, rank: int, size: int) -> Any:
             probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             probe.bind((host, 0))
             port = probe.getsockname()[1]
-            job_store.set(key, f"{host}:{port}")
-            with nodelay_meanwhile(port):  # it waits for every rank through its own connection
+            # published once it listens (its constructor returns only once every rank
+            # connected): a client that connected earlier would be refused and sleep 3 s
+            # in Paddle's connect, on any host
+            with nodelay_meanwhile(port), publish_once_listening(port, lambda: job_store.set(key, f"{host}:{port}")):
                 store = core.TCPStore(host, port, True, size, timeout)
     else:
         job_store.wait(key)
         host, port = job_store.get(key).decode().rsplit(":", 1)
-        wait_until_listening(host, int(port), timeout)  # else a 3 s retry in Paddle's connect
         with nodelay_meanwhile(int(port)):
             store = core.TCPStore(host, int(port), False, size, timeout)
     _GROUP_STORES[group_id] = store

@@ -18,13 +18,18 @@ changes, only when the kernel sends it.
 
 A client that connects before its server listens is refused, and Paddle's tcp_connect
 then sleeps 3 s (tcputils::kDelay) before it tries again ("Retry to connect to ... while
-the server is not yet listening" in the rank's log). Rank 0 publishes a gloo group
-store's address before its server listens (the constructor blocks until every rank has
-connected), and every rank creates the job store at once in init_parallel_env: measured,
-one fleet.init in two and one two-rank group in six paid those 3 s. Where the server is on
-this machine, wait_until_listening watches the kernel's socket table (/proc/net/tcp) for
-its listening socket first: nothing is sent to the server, so it sees only the store's
-own connection.
+the server is not yet listening" in the rank's log). Two stores met it: every rank creates
+the job store at once in init_parallel_env, and a gloo group's store was published before
+its server listened (the master's constructor blocks until every rank has connected):
+measured, one fleet.init in two and one two-rank group in six paid those 3 s on one host,
+and across two hosts 1-3 retries in most pp2 jobs. A gloo group's address is now published
+from a thread once the server listens (publish_once_listening: the serving rank watches its
+own kernel's socket table, /proc/net/tcp, which works whichever host its clients are on), so
+its clients connect at once. The job store's address is the launcher's, known before the
+server exists: its clients wait (wait_until_listening) for the listening socket in the
+socket table where the server is on this machine (nothing is sent to it), and across hosts
+by connecting to it with a plain socket, every few milliseconds, until one is accepted
+(then closed at once; Paddle's server reads the end of that connection and drops it).
 """
 
 from __future__ import annotations
@@ -34,7 +39,7 @@ import os
 import socket
 import threading
 import time
-from typing import Iterator
+from typing import Callable, Iterator
 
 _FD_DIR = "/proc/self/fd"
 _TCP_TABLES = ("/proc/net/tcp", "/proc/net/tcp6")
@@ -118,21 +123,72 @@ def job_store_endpoint() -> tuple[str, int] | None:
 
 
 def wait_until_listening(host: str, port: int, timeout: float) -> bool:
-    """Returns True once a socket of this machine listens on `port`, where `host` is this
-    machine (loopback, or this rank's host as the launcher gave it); False at once for
-    another host, or after `timeout` seconds (then Paddle's own connect retries go on)."""
+    """Returns True once the server at (`host`, `port`) listens, False after `timeout`
+    seconds (then Paddle's own connect retries go on). Where `host` is this machine
+    (loopback, or this rank's host as the launcher gave it), a socket of this machine
+    listening on `port` in the kernel's table; on another host, a plain connection that it
+    accepts (closed at once), tried every few milliseconds while refused."""
     from paddle_ext import compat
 
-    if host not in _LOOPBACK and host != compat.current_host():
-        return False
+    local = host in _LOOPBACK or host == compat.current_host()
     deadline = time.monotonic() + timeout
     pause = 0.001
-    while not _listening(port):
+    while not (_listening(port) if local else _accepts(host, port, deadline)):
         if time.monotonic() > deadline:
             return False
         time.sleep(pause)
         pause = min(pause * 1.5, 0.05)
     return True
+
+
+def _accepts(host: str, port: int, deadline: float) -> bool:
+    """Whether a server on (`host`, `port`) accepts a connection now (closed at once, no
+    byte sent). A refusal answers at once; an unreachable host is given until `deadline`."""
+    try:
+        with socket.create_connection((host, port), timeout=max(0.01, min(1.0, deadline - time.monotonic()))):
+            return True
+    except OSError:  # refused (nothing listens yet), unreachable or timed out
+        return False
+
+
+@contextlib.contextmanager
+def publish_once_listening(port: int, publish: Callable[[], None]) -> Iterator[None]:
+    """Calls `publish` as soon as a socket of this machine listens on `port`, while the
+    body runs (on a thread: the body is a master store's constructor, which listens, then
+    blocks until every rank has connected, GIL released), so the clients that learn the
+    store's address from `publish` never connect before it listens (Paddle's 3 s retry).
+    A body that returned before the thread saw the socket (a one-rank store) publishes
+    after it. An error raised by `publish` is raised here once the body ends."""
+    done = threading.Event()
+    outcome: list[BaseException | None] = []  # one entry once publish ran: its error or None
+
+    def publish_now() -> None:
+        try:
+            publish()
+            outcome.append(None)
+        except BaseException as err:  # handed to the body's thread
+            outcome.append(err)
+
+    def watch() -> None:
+        pause = 0.0005
+        while not done.is_set():
+            if _listening(port):
+                publish_now()
+                return
+            done.wait(pause)
+            pause = min(pause * 1.5, 0.01)
+
+    watcher = threading.Thread(target=watch, name=f"paddle_ext-store-publish-{port}", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        done.set()
+        watcher.join()
+    if not outcome:
+        publish_now()
+    if outcome[0] is not None:
+        raise RuntimeError(f"publishing the store on port {port} failed: {outcome[0]}") from outcome[0]
 
 
 def _listening(port: int) -> bool:

@@ -1,6 +1,7 @@
 """paddle_ext.comm.store_sockets and the store_latency unit: TCP_NODELAY on exactly a
-store's connections, a client that waits for its server's listening socket, and the
-job store's address read as Paddle's C++ store reads it (phi's GetMasterEndpoint)."""
+store's connections, a client that waits for its server's listening socket (this host's
+socket table, or a connection across hosts), a store published only once it listens, and
+the job store's address read as Paddle's C++ store reads it (phi's GetMasterEndpoint)."""
 
 import contextlib
 import socket
@@ -74,11 +75,76 @@ def test_waits_for_the_listening_socket_not_for_a_bound_one(monkeypatch):
         timer.join()
 
 
-def test_a_server_on_another_host_is_not_waited_for(monkeypatch):
+def test_a_server_on_another_host_is_waited_for_by_connecting_to_it(monkeypatch):
+    """127.0.0.2 is not this rank's host (PADDLE_CURRENT_ENDPOINT says 10.0.0.2), as a
+    server across hosts is not: the socket table is not read (it is another machine's),
+    the client connects until the server accepts."""
     monkeypatch.setenv("PADDLE_CURRENT_ENDPOINT", "10.0.0.2:6170")
+    monkeypatch.setattr(store_sockets, "_listening", lambda port: pytest.fail("read this machine's table"))
+    with socket.socket() as server:
+        server.bind(("127.0.0.2", 0))  # bound, not listening: a connection is refused
+        port = server.getsockname()[1]
+        start = time.monotonic()
+        assert not store_sockets.wait_until_listening("127.0.0.2", port, timeout=0.2)
+        assert 0.2 <= time.monotonic() - start < 2
+        timer = threading.Timer(0.3, server.listen)
+        timer.start()
+        start = time.monotonic()
+        assert store_sockets.wait_until_listening("127.0.0.2", port, timeout=30)
+        assert 0.3 <= time.monotonic() - start < 10
+        timer.join()
+
+
+def test_a_store_is_published_once_it_listens_and_its_client_never_retries(capfd):
+    """The master's constructor (two ranks) blocks until the client joined; the client
+    learns the address only from `publish`, which must find the server listening: no
+    'not yet listening' retry (Paddle's 3 s sleep) in either's log."""
+    port = _free_port()
+    published, clients = threading.Event(), []
+    seen_listening = []
+
+    def publish() -> None:
+        with socket.socket() as probe:  # the server accepts at once: it already listens
+            probe.settimeout(1)
+            seen_listening.append(probe.connect_ex(("127.0.0.1", port)) == 0)
+        published.set()
+
+    def client() -> None:
+        published.wait(30)
+        clients.append(core.TCPStore("127.0.0.1", port, False, 2, 30))
+
+    worker = threading.Thread(target=client)
+    worker.start()
     start = time.monotonic()
-    assert not store_sockets.wait_until_listening("10.0.0.1", _free_port(), timeout=30)
-    assert time.monotonic() - start < 1
+    with store_sockets.publish_once_listening(port, publish):
+        master = core.TCPStore("127.0.0.1", port, True, 2, 30)
+    worker.join()
+    assert seen_listening == [True]
+    assert time.monotonic() - start < 2.5  # no 3 s retry
+    master.set("key", "value")
+    assert clients[0].get("key") == b"value"
+    assert "not yet listening" not in capfd.readouterr().err
+    assert not [t for t in threading.enumerate() if t.name.startswith("paddle_ext-store-publish")]
+
+
+def test_a_store_that_listens_and_returns_before_the_watcher_saw_it_is_still_published():
+    calls = []
+    with store_sockets.publish_once_listening(_free_port(), lambda: calls.append("published")):
+        pass  # nothing ever listens: the body "returned" (as a one-rank store's constructor)
+    assert calls == ["published"]
+
+
+def test_a_failed_publish_is_raised_once_the_store_is_made():
+    def publish() -> None:
+        raise ConnectionError("job store gone")
+
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        with pytest.raises(RuntimeError, match=rf"publishing the store on port {port} failed: job store gone"):
+            with store_sockets.publish_once_listening(port, publish):
+                time.sleep(0.2)
 
 
 @pytest.mark.parametrize("env, expected", [
