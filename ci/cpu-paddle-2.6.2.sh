@@ -11,7 +11,7 @@ tree_copy "$work/src"
 # import no Paddle and so cannot differ between releases: tests/pipeline (the pure-Python
 # schedule layer) and the allocator's sanitizer builds (C++ only).
 echo "cpu-paddle-2.6.2: make test PADDLE=2.6.2 in $work/src (without tests/pipeline and the sanitizer builds: Paddle-independent)"
-PADDLE_EXT_SKIP_SANITIZERS=1 make -C "$work/src" test PADDLE=2.6.2 VENV="$PWD/$work/venv" \
+PADDLE_EXT_SKIP_SANITIZERS=1 PADDLE_EXT_TEST_MULTIHOST_JOBS=3 make -C "$work/src" test PADDLE=2.6.2 VENV="$PWD/$work/venv" \
     PYTEST_ARGS="--ignore=tests/pipeline"
 # The install must have pinned protobuf below 5 and numpy below 2 for Paddle 2.6 by itself.
 "$work/venv/bin/python" -c "
