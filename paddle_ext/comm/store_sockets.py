@@ -84,22 +84,39 @@ def nodelay_meanwhile(port: int) -> Iterator[None]:
     rank has connected: with Nagle's algorithm on that connection each poll took ~90 ms
     (measured on 3.3.1: a two-rank group's store 0.09 s on rank 0, its other ranks waiting
     as long). A thread sets the option from the moment the connection exists."""
+    def keep_setting() -> bool:
+        set_nodelay_on_port(port)
+        return False  # connections appear until the body ends
+
+    try:
+        with _polled(f"paddle_ext-store-nodelay-{port}", keep_setting):
+            yield
+    finally:
+        set_nodelay_on_port(port)
+
+
+@contextlib.contextmanager
+def _polled(name: str, step: Callable[[], bool], cap: float = 0.01) -> Iterator[None]:
+    """Runs `step` on a thread named `name` while the body runs, again and again with a
+    pause growing from 0.5 ms to `cap`, until it returns True or the body ends; the
+    thread is joined when the body ends."""
     done = threading.Event()
 
-    def watch() -> None:
+    def run() -> None:
         pause = 0.0005
-        while not done.wait(pause):
-            set_nodelay_on_port(port)
-            pause = min(pause * 2, 0.01)
+        while not done.is_set():
+            if step():
+                return
+            done.wait(pause)
+            pause = min(pause * 1.5, cap)
 
-    watcher = threading.Thread(target=watch, name=f"paddle_ext-store-nodelay-{port}", daemon=True)
-    watcher.start()
+    thread = threading.Thread(target=run, name=name, daemon=True)
+    thread.start()
     try:
         yield
     finally:
         done.set()
-        watcher.join()
-        set_nodelay_on_port(port)
+        thread.join()
 
 
 def _port(address_of: object) -> int | None:
@@ -159,7 +176,6 @@ def publish_once_listening(port: int, publish: Callable[[], None]) -> Iterator[N
     store's address from `publish` never connect before it listens (Paddle's 3 s retry).
     A body that returned before the thread saw the socket (a one-rank store) publishes
     after it. An error raised by `publish` is raised here once the body ends."""
-    done = threading.Event()
     outcome: list[BaseException | None] = []  # one entry once publish ran: its error or None
 
     def publish_now() -> None:
@@ -169,22 +185,14 @@ def publish_once_listening(port: int, publish: Callable[[], None]) -> Iterator[N
         except BaseException as err:  # handed to the body's thread
             outcome.append(err)
 
-    def watch() -> None:
-        pause = 0.0005
-        while not done.is_set():
-            if _listening(port):
-                publish_now()
-                return
-            done.wait(pause)
-            pause = min(pause * 1.5, 0.01)
+    def publish_once_there() -> bool:
+        if not _listening(port):
+            return False
+        publish_now()
+        return True
 
-    watcher = threading.Thread(target=watch, name=f"paddle_ext-store-publish-{port}", daemon=True)
-    watcher.start()
-    try:
+    with _polled(f"paddle_ext-store-publish-{port}", publish_once_there):
         yield
-    finally:
-        done.set()
-        watcher.join()
     if not outcome:
         publish_now()
     if outcome[0] is not None:

@@ -28,8 +28,8 @@ from typing import Optional
 from tests.multiproc.launch import (
     RANK_ENTRY,
     SCRIPTS,
-    TERM_GRACE,
     LaunchResult,
+    communicate_by,
     launcher_port_range,
 )
 
@@ -163,17 +163,8 @@ def launch_hosts(hosts: EmulatedHosts, script: str, *args: str, nproc_per_host: 
     outputs, timed_out = [], False
     try:
         for proc in procs:
-            left = max(0.1, timeout - (time.monotonic() - start))
-            try:
-                out, _ = proc.communicate(timeout=left)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                os.killpg(proc.pid, signal.SIGTERM)
-                try:
-                    out, _ = proc.communicate(timeout=TERM_GRACE)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    out, _ = proc.communicate()
+            out, late = communicate_by(proc, max(0.1, timeout - (time.monotonic() - start)))
+            timed_out |= late
             outputs.append(out)
     finally:
         for proc in procs:

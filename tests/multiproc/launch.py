@@ -186,6 +186,22 @@ def _allow_core_files() -> None:
     resource.setrlimit(resource.RLIMIT_CORE, (hard, hard))
 
 
+def communicate_by(proc: subprocess.Popen, timeout: float) -> tuple[str, bool]:
+    """(output, timed out) of a launcher started in a session of its own, which is ended
+    past `timeout`: SIGTERM first (Paddle's handler writes each rank's C++ stack into its
+    workerlog, which says where a hang sits), SIGKILL for whatever still runs TERM_GRACE
+    seconds later."""
+    try:
+        return proc.communicate(timeout=timeout)[0], False
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            return proc.communicate(timeout=TERM_GRACE)[0], True
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            return proc.communicate()[0], True
+
+
 def _launch_once(script: str, *args: str, nproc: int, timeout: float,
                  env: dict[str, str] | None, work_dir: str) -> LaunchResult:
     """One launch whose working directory, log folder and core files' folder is work_dir."""
@@ -199,19 +215,8 @@ def _launch_once(script: str, *args: str, nproc: int, timeout: float,
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=full_env, cwd=work_dir, start_new_session=True,
                             preexec_fn=_allow_core_files)
-    timed_out = False
     try:
-        output, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-        # SIGTERM first: Paddle's handler writes each rank's C++ stack into its workerlog,
-        # which says where a hang sits; whatever still runs after a few seconds is killed
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            output, _ = proc.communicate(timeout=TERM_GRACE)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            output, _ = proc.communicate()
+        output, timed_out = communicate_by(proc, timeout)
     finally:
         try:  # ranks the launcher left behind
             os.killpg(proc.pid, signal.SIGKILL)
