@@ -638,18 +638,24 @@ def run_custom_op_any_mode(op_name: str, *args: Any) -> list:
     if in_dynamic_mode() or in_pir_mode():
         return run_custom_op(op_name, *args)
     return _append_custom_op(op_name, args)
-def mkl_library_path() -> str | None:
-    """The MKL that Paddle's x86-64 CPU wheels (2.6.2, 3.x) ship as paddle/libs/libmklml_intel.so
-    (2019.0.5 in both), found without importing Paddle; None for builds without it."""
+def _paddle_package_file(*parts: str) -> str | None:
+    """The file paddle/<parts...> of the installed Paddle, found without importing Paddle;
+    None where it has none."""
     import importlib.util
     import os
 
     spec = importlib.util.find_spec("paddle")
     for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = os.path.join(folder, "libs", "libmklml_intel.so")
+        path = os.path.join(folder, *parts)
         if os.path.isfile(path):
             return path
     return None
+
+
+def mkl_library_path() -> str | None:
+    """The MKL that Paddle's x86-64 CPU wheels (2.6.2, 3.x) ship as paddle/libs/libmklml_intel.so
+    (2019.0.5 in both), found without importing Paddle; None for builds without it."""
+    return _paddle_package_file("libs", "libmklml_intel.so")
 
 
 def mkl_code_path(decide: bool = True) -> int | None:
@@ -682,15 +688,7 @@ def mkl_loaded() -> bool:
 def paddle_core_library() -> str | None:
     """Paddle's core extension module, paddle/base/libpaddle.so (2.6.2 and 3.x), found
     without importing Paddle; None where there is none."""
-    import importlib.util
-    import os
-
-    spec = importlib.util.find_spec("paddle")
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        path = os.path.join(folder, "base", "libpaddle.so")
-        if os.path.isfile(path):
-            return path
-    return None
+    return _paddle_package_file("base", "libpaddle.so")
 
 
 @functools.cache
