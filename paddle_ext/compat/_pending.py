@@ -1,57 +1,11 @@
-"""Every difference between the supported Paddle releases (2.6.2, 3.0-3.3.x).
-
-Nothing else in paddle_ext branches on the Paddle version: when a new
-difference turns up, it gets a function here.
-"""
+"""The version-dependent functions not yet sorted into their subsystem's module."""
 
 from __future__ import annotations
 
 import functools
 from typing import Any, Optional
 
-SUPPORTED = ((2, 6), (3, 0), (3, 1), (3, 2), (3, 3))
-
-
-@functools.cache
-def paddle_version() -> tuple[int, int, int]:
-    import paddle
-
-    parts = paddle.__version__.split(".")[:3]
-    nums = []
-    for p in parts:
-        digits = "".join(ch for ch in p if ch.isdigit())
-        nums.append(int(digits) if digits else 0)
-    while len(nums) < 3:
-        nums.append(0)
-    return tuple(nums)  # type: ignore[return-value]
-
-
-def version_string() -> str:
-    import paddle
-
-    return paddle.__version__
-
-
-def dependency_problems() -> list[str]:
-    """What the installed packages break in this Paddle release (paddle_ext._requirements:
-    the pins setup.py sets at install, which a later pip install can lift)."""
-    from importlib import metadata
-
-    from paddle_ext import _requirements
-
-    installed = {}
-    for name, _, _ in _requirements.pins_for(version_string()):
-        try:
-            installed[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            pass
-    return _requirements.unmet(version_string(), installed)
-
-
-def is_supported(version: tuple[int, int, int] | None = None) -> bool:
-    v = version or paddle_version()
-    # 0.0.0 is a develop build: assume the newest API.
-    return v[:2] in SUPPORTED or v == (0, 0, 0)
+from paddle_ext.compat.version import paddle_before, version_string
 
 
 def device_build() -> str:
@@ -112,7 +66,7 @@ def empty_embedding_lookup(weight: Any, ids: Any, start_index: int, vocab_size: 
     import paddle
     from paddle import _C_ops
 
-    if paddle_version() < (3, 0, 0) and paddle_version() != (0, 0, 0):
+    if paddle_before(3, 0):
         return _C_ops.c_embedding(weight, ids, start_index, vocab_size)
     return paddle.zeros(list(ids.shape) + [weight.shape[1]], dtype=weight.dtype) + weight[0:1] * 0
 
@@ -225,7 +179,7 @@ def upstream_schedule_node_classes():
     beside its hidden states fails: "2 of Tensor vs 1 of Tensor", measured with 3.1.0 and
     3.2.0) and returns a lone input's gradient bare; 3.3 skips the outputs that need none
     and always returns a tuple, as paddle_ext's own classes do."""
-    if paddle_version() < (3, 3, 0) and paddle_version() != (0, 0, 0):
+    if paddle_before(3, 3):
         return None
     try:
         from paddle.distributed.fleet.meta_parallel.pp_utils.forward_backward_overlap_utils import (
@@ -360,7 +314,7 @@ def tensor_sharing_host_memory(array: Any) -> Any:
     3.x: through DLPack. Paddle 2.6's from_dlpack copies (measured: the tensor
     did not see later writes), so there is no zero-copy path and it raises.
     """
-    if paddle_version() < (3, 0, 0) and paddle_version() != (0, 0, 0):
+    if paddle_before(3, 0):
         raise NotImplementedError(
             f"Paddle {version_string()} has no zero-copy path from host memory to a Tensor "
             "(its from_dlpack copies); use the buffer's numpy() view, or Paddle >= 3.0")
@@ -541,7 +495,7 @@ def c_concat_owners() -> list:
     import paddle
 
     ops = getattr(paddle, "_C_ops", None)
-    return [ops] if paddle_version()[0] >= 3 and ops is not None and hasattr(ops, "c_concat") else []
+    return [ops] if not paddle_before(3, 0) and ops is not None and hasattr(ops, "c_concat") else []
 
 def c_softmax_with_cross_entropy_owners() -> list[tuple[Any, str]]:
     """(module, calling convention) for each op module with c_softmax_with_cross_entropy,
