@@ -14,7 +14,7 @@ Modules: ir (actions, text form, Schedule, placement: interleaved or V), generat
 1f1b / interleaved / the zero-bubble zb-h1 and interleaved-zb), vshape (the V placement's
 zb-v and dualpipev),
 overlap (forward/backward overlap pairs), lower (communication), flow (data dependencies, channel matching), validate, simulate
-(cost model), analytic (closed forms), render (grids, timelines, PNG), cli.
+(cost model), analytic (closed forms), render (timelines, PNG; the error grid is ir.step_grid), cli.
 """
 
 from paddle_ext.pipeline.schedule.analytic import bubble as analytic_bubble
@@ -56,6 +56,7 @@ from paddle_ext.pipeline.schedule.ir import (
     locate,
     parse_action,
     stage_of,
+    step_grid,
 )
 from paddle_ext.pipeline.schedule.lower import lower
 from paddle_ext.pipeline.schedule.overlap import (
@@ -65,7 +66,7 @@ from paddle_ext.pipeline.schedule.overlap import (
     overlap_pairs,
     split_kind,
 )
-from paddle_ext.pipeline.schedule.render import plot_timeline, step_grid, text_timeline
+from paddle_ext.pipeline.schedule.render import plot_timeline, text_timeline
 from paddle_ext.pipeline.schedule.simulate import Costs, SimResult, Span, simulate
 from paddle_ext.pipeline.schedule.validate import validate
 from paddle_ext.pipeline.schedule.vshape import V_KINDS, dualpipev, zb_v

@@ -27,9 +27,9 @@ from paddle_ext.pipeline.schedule.ir import (
     F,
     Schedule,
     locate,
+    schedule_error,
     stage_of,
 )
-from paddle_ext.pipeline.schedule.render import schedule_error
 
 Payload = Tuple[bool, int, int, int]
 

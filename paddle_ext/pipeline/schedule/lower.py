@@ -65,8 +65,8 @@ from paddle_ext.pipeline.schedule.ir import (
     SendGrad,
     computes,
     locate,
+    schedule_error,
 )
-from paddle_ext.pipeline.schedule.render import schedule_error
 from paddle_ext.pipeline.schedule.simulate import Costs, Number, simulate
 from paddle_ext.pipeline.schedule.validate import check_compute
 

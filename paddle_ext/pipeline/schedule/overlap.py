@@ -37,8 +37,7 @@ from __future__ import annotations
 
 from typing import List, Tuple
 
-from paddle_ext.pipeline.schedule.ir import FB, Action, B, F, Schedule
-from paddle_ext.pipeline.schedule.render import schedule_error
+from paddle_ext.pipeline.schedule.ir import FB, Action, B, F, Schedule, schedule_error
 
 __all__ = ["OVERLAP_SUFFIX", "overlap", "split_kind", "overlap_pairs", "warmup_of", "is_overlapped"]
 

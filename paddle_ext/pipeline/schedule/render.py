@@ -1,74 +1,17 @@
-"""Pictures of a schedule: the rank x step grid (for errors), a text timeline of a
-simulation, and a PNG timeline through matplotlib (an optional dependency).
+"""Pictures of a simulated schedule: a text timeline and a PNG timeline through
+matplotlib (an optional dependency). The rank x step grid that errors carry lives
+beside the IR (ir.step_grid), so every layer can raise a located error without
+importing this one.
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Iterable, List, Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
-from paddle_ext.pipeline.schedule.ir import Comm, GradSync, Schedule, ScheduleError, computes
+from paddle_ext.pipeline.schedule.ir import Comm, GradSync, computes
+from paddle_ext.pipeline.schedule.simulate import SimResult
 
-if TYPE_CHECKING:  # simulate imports this module for its errors
-    from paddle_ext.pipeline.schedule.simulate import SimResult
-
-__all__ = ["step_grid", "schedule_error", "text_timeline", "plot_timeline"]
-
-# A grid wider than this many steps shows only the steps around the marks.
-_MAX_GRID_STEPS = 32
-_CONTEXT = 5
-
-
-def _visible_steps(length: int, marks: Sequence[Tuple[int, int]]) -> List[Optional[int]]:
-    """Step indices to show, with None standing for an elided run."""
-    if length <= _MAX_GRID_STEPS or not marks:
-        return list(range(min(length, _MAX_GRID_STEPS if not marks else length)))
-    keep = set()
-    for _, i in marks:
-        keep.update(range(max(0, i - _CONTEXT), min(length, i + _CONTEXT + 1)))
-    out: List[Optional[int]] = []
-    for i in sorted(keep):
-        if out and out[-1] is not None and i != out[-1] + 1:
-            out.append(None)
-        elif not out and i > 0:
-            out.append(None)
-        out.append(i)
-    if out[-1] is not None and out[-1] < length - 1:
-        out.append(None)
-    return out
-
-
-def step_grid(schedule: Schedule, marks: Iterable[Tuple[int, int]] = ()) -> str:
-    """Ranks as rows, list positions (steps) as columns; marked actions read `[F0.3]!`.
-
-    Long schedules show the steps near the marks, with `...` for the rest.
-    """
-    marks = sorted(set(marks))
-    marked = set(marks)
-    length = max((len(r) for r in schedule.ranks), default=0)
-    steps = _visible_steps(length, marks)
-    cells = [[
-        "..." if i is None else
-        ("" if i >= len(acts) else
-         f"[{acts[i]}]!" if (r, i) in marked else str(acts[i]))
-        for i in steps] for r, acts in enumerate(schedule.ranks)]
-    header = ["..." if i is None else str(i) for i in steps]
-    widths = [max(len(h), *(len(row[k]) for row in cells)) for k, h in enumerate(header)]
-    label = max(len(f"rank {schedule.pp - 1}"), len("step"))
-    lines = [f"{'step'.ljust(label)} | " + " ".join(h.ljust(w) for h, w in zip(header, widths))]
-    for r, row in enumerate(cells):
-        lines.append(f"{f'rank {r}'.ljust(label)} | "
-                     + " ".join(c.ljust(w) for c, w in zip(row, widths)))
-    if length > _MAX_GRID_STEPS and not marks:
-        lines.append(f"(first {_MAX_GRID_STEPS} of {length} steps)")
-    return "\n".join(line.rstrip() for line in lines)
-
-
-def schedule_error(schedule: Schedule, reason: str,
-                   marks: Sequence[Tuple[int, int]] = ()) -> ScheduleError:
-    """A ScheduleError whose message is `reason` followed by the marked grid."""
-    first = marks[0] if marks else (None, None)
-    return ScheduleError(reason, first[0], first[1], step_grid(schedule, marks))
-
+__all__ = ["text_timeline", "plot_timeline"]
 
 def text_timeline(result: SimResult, width: Optional[int] = None) -> str:
     """Ranks as rows, simulated time as columns.

@@ -46,9 +46,9 @@ from paddle_ext.pipeline.schedule.ir import (
     Schedule,
     W,
     computes,
+    schedule_error,
     stage_of,
 )
-from paddle_ext.pipeline.schedule.render import schedule_error
 
 Number = Union[int, float, Fraction]
 

@@ -44,8 +44,8 @@ from paddle_ext.pipeline.schedule.ir import (
     W,
     computes,
     locate,
+    schedule_error,
 )
-from paddle_ext.pipeline.schedule.render import schedule_error
 from paddle_ext.pipeline.schedule.simulate import Costs, SimResult, simulate
 
 __all__ = ["validate", "check_compute", "check_comm"]
