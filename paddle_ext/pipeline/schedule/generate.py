@@ -100,18 +100,33 @@ def check_args(pp: int, vpp: int, microbatches: int, kind: str,
     `names` maps "pp", "vpp", "microbatches", "kind" (and "max_pending_w") to the
     spelling the caller's user knows (e.g. "--pp"), so the error names what they typed.
     A zero-bubble kind's cap (suffix -w<k> or `max_pending_w`) comes back as the suffix.
+    Checked in this order: the kind, the W cap, the shape (pp, vpp, microbatches).
     """
     n = {**_DEFAULT_NAMES, "max_pending_w": "max_pending_w", **(names or {})}
+    k, overlapped, cap = _check_kind(kind, n)
+    cap = _check_cap(k, kind, cap, max_pending_w, n)
+    _check_shape(pp, vpp, microbatches, k, n)
+    if cap is not None:
+        k += f"{CAP_SUFFIX}{cap}"
+    return k + OVERLAP_SUFFIX if overlapped else k
+
+
+# Spellings of the kinds (lower case, '-' and '_' dropped) -> the kind.
+_ALIASES = {"fthenb": "fthenb", "1f1b": "1f1b", "interleaved": "interleaved", "vpp": "interleaved",
+            "interleave": "interleaved", "zbh1": "zb-h1", "interleavedzb": "interleaved-zb",
+            "zbinterleaved": "interleaved-zb", "zbvpp": "interleaved-zb", "zbv": "zb-v",
+            "dualpipe": "dualpipev", "forwardv": "forward-v"}
+
+
+def _check_kind(kind: str, n: Mapping[str, str]) -> Tuple[str, bool, Optional[int]]:
+    """(base kind, overlapped, cap from a -w<k> suffix) of a known kind spelling."""
     allowed = (f"must be one of {', '.join(KINDS)}, or 1f1b{OVERLAP_SUFFIX} / "
                f"interleaved{OVERLAP_SUFFIX}, or a zero-bubble kind with {CAP_SUFFIX}<k> "
                "(at most k pending W's per rank, k >= 1)")
     base, overlapped = split_kind(str(kind).lower())
     base, cap = split_cap(base)
     k = base.replace("-", "").replace("_", "")
-    k = {"fthenb": "fthenb", "1f1b": "1f1b", "interleaved": "interleaved", "vpp": "interleaved",
-         "interleave": "interleaved", "zbh1": "zb-h1", "interleavedzb": "interleaved-zb",
-         "zbinterleaved": "interleaved-zb", "zbvpp": "interleaved-zb", "zbv": "zb-v",
-         "dualpipe": "dualpipev", "forwardv": "forward-v"}.get(k, k)
+    k = _ALIASES.get(k, k)
     if (k not in KINDS or (overlapped and k in ("fthenb",) + FORWARD_KINDS)
             or (cap is not None and k not in ZB_KINDS)):
         raise ScheduleArgumentError(n["kind"], kind, allowed)
@@ -121,6 +136,12 @@ def check_args(pp: int, vpp: int, microbatches: int, kind: str,
             "backward overlap pairs an F with a whole B, which zero bubble splits into I and "
             f"W (use {k}, or 1f1b{OVERLAP_SUFFIX} / interleaved{OVERLAP_SUFFIX} / "
             f"dualpipev{OVERLAP_SUFFIX})")
+    return k, overlapped, cap
+
+
+def _check_cap(k: str, kind: str, cap: Optional[int], max_pending_w: Optional[int],
+               n: Mapping[str, str]) -> Optional[int]:
+    """The W cap: the kind's suffix or max_pending_w (they must agree), an integer >= 1."""
     if max_pending_w is not None:
         if k not in ZB_KINDS:
             raise ScheduleArgumentError(n["max_pending_w"], max_pending_w,
@@ -133,6 +154,11 @@ def check_args(pp: int, vpp: int, microbatches: int, kind: str,
     if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
         raise ScheduleArgumentError(n["max_pending_w"], cap, "must be an integer >= 1 (1: each "
                                     "W right after its I)")
+    return cap
+
+
+def _check_shape(pp: int, vpp: int, microbatches: int, k: str, n: Mapping[str, str]) -> None:
+    """pp, vpp and microbatches as kind `k` takes them."""
     for key, value, low in (("pp", pp, 2), ("vpp", vpp, 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value < low:
             raise ScheduleArgumentError(n[key], value, f"must be an integer >= {low}")
@@ -154,9 +180,6 @@ def check_args(pp: int, vpp: int, microbatches: int, kind: str,
         alt = "interleaved" if k == "1f1b" else "interleaved-zb"
         raise ScheduleArgumentError(n["vpp"], vpp, f"{n['kind']} {k} needs 1 "
                                     f"(use {alt} for virtual stages)")
-    if cap is not None:
-        k += f"{CAP_SUFFIX}{cap}"
-    return k + OVERLAP_SUFFIX if overlapped else k
 
 
 def generate(pp: int, vpp: int, microbatches: int, kind: str = "interleaved",

@@ -6,10 +6,10 @@ importing this one.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 from paddle_ext.pipeline.schedule.ir import Comm, GradSync, computes
-from paddle_ext.pipeline.schedule.simulate import SimResult
+from paddle_ext.pipeline.schedule.simulate import SimResult, Span
 
 __all__ = ["text_timeline", "plot_timeline"]
 
@@ -91,6 +91,23 @@ def plot_timeline(result: SimResult, path: str, title: Optional[str] = None) -> 
     dotted and drawn lower), later chunks lighter; transfers that cost time are thin
     grey bars. Returns `path`.
     """
+    plt, patch = _pyplot()
+    sched = result.schedule
+    fig_w = min(40.0, max(8.0, 2.0 + float(result.makespan) * 0.25))
+    fig, ax = plt.subplots(figsize=(fig_w, 1.4 + 0.55 * sched.pp))
+    colour = _microbatch_colours(plt, sched.microbatches)
+    for r, row in enumerate(result.spans):
+        for s in row:
+            _draw_span(ax, result, s, sched.pp - 1 - r, colour, fig_w)
+    _decorate(ax, result, title, patch)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def _pyplot() -> Tuple[Any, Any]:
+    """matplotlib.pyplot (on the Agg backend unless one is chosen) and its Patch class."""
     try:
         import matplotlib
 
@@ -101,48 +118,55 @@ def plot_timeline(result: SimResult, path: str, title: Optional[str] = None) -> 
         raise ImportError(
             "plotting a schedule needs matplotlib, which is not installed: "
             "pip install matplotlib (or pip install 'paddle-ext[plot]')") from err
+    return plt, Patch
 
-    sched = result.schedule
+
+def _microbatch_colours(plt: Any, microbatches: int) -> Callable[[int], Sequence[float]]:
     # tab10 keeps ten micro-batches clearly apart; beyond that a smooth map is all we can do.
-    many = sched.microbatches > 10
+    many = microbatches > 10
     cmap = plt.get_cmap("turbo" if many else "tab10")
 
     def colour(mb: int) -> Sequence[float]:
-        return cmap(0.05 + 0.9 * mb / (sched.microbatches - 1)) if many else cmap(mb)
+        return cmap(0.05 + 0.9 * mb / (microbatches - 1)) if many else cmap(mb)
+    return colour
 
-    makespan = float(result.makespan)
-    fig_w = min(40.0, max(8.0, 2.0 + makespan * 0.25))
-    fig, ax = plt.subplots(figsize=(fig_w, 1.4 + 0.55 * sched.pp))
-    for r, row in enumerate(result.spans):
-        y = sched.pp - 1 - r
-        for s in row:
-            start, dur = float(s.start), float(s.end - s.start)
-            if isinstance(s.action, Comm):
-                comm = float(result.costs.comm)
-                if comm > 0:
-                    ax.broken_barh([(float(s.end) - comm, comm)], (y - 0.45, 0.12),
-                                   facecolors="0.6")
-                continue
-            parts = computes(s.action)
-            if not parts or dur <= 0:
-                continue
-            n = len(parts)
-            for k, p in enumerate(parts):  # an FB splits its bar in two halves
-                h = 0.8 / n
-                kind = type(p).__name__
-                # W bars are lower: they hold a rank without being on the critical path.
-                top = h * (0.55 if kind == "W" else 1.0)
-                ax.broken_barh([(start, dur)], (y - 0.4 + k * h, top),
-                               facecolors=[_shade(colour(p.mb), p.chunk, sched.vpp)],
-                               edgecolor="black", linewidth=0.4, hatch=_HATCH[kind])
-            width_pt = dur * 72 * 0.85 * fig_w / makespan
-            for k, p in enumerate(parts):  # an F&B gets one label per half
-                if width_pt > 3.2 * len(str(p)):  # fits
-                    h = 0.8 / n * (0.55 if type(p).__name__ == "W" else 1.0)
-                    ax.text(start + dur / 2, y - 0.4 + k * 0.8 / n + h / 2, str(p),
-                            ha="center", va="center", fontsize=5 if n == 1 else 4.5,
-                            bbox={"facecolor": "white", "alpha": 0.6, "pad": 0.3,
-                                  "linewidth": 0} if type(p).__name__ in "IW" else None)
+
+def _draw_span(ax: Any, result: SimResult, s: Span, y: int, colour: Callable[[int], Sequence[float]],
+               fig_w: float) -> None:
+    """One span at height y: a transfer's thin bar, or a compute's bar per part
+    (an FB splits its bar in two halves) with a label per part where it fits."""
+    sched, makespan = result.schedule, float(result.makespan)
+    start, dur = float(s.start), float(s.end - s.start)
+    if isinstance(s.action, Comm):
+        comm = float(result.costs.comm)
+        if comm > 0:
+            ax.broken_barh([(float(s.end) - comm, comm)], (y - 0.45, 0.12), facecolors="0.6")
+        return
+    parts = computes(s.action)
+    if not parts or dur <= 0:
+        return
+    n = len(parts)
+    for k, p in enumerate(parts):  # an FB splits its bar in two halves
+        h = 0.8 / n
+        kind = type(p).__name__
+        # W bars are lower: they hold a rank without being on the critical path.
+        top = h * (0.55 if kind == "W" else 1.0)
+        ax.broken_barh([(start, dur)], (y - 0.4 + k * h, top),
+                       facecolors=[_shade(colour(p.mb), p.chunk, sched.vpp)],
+                       edgecolor="black", linewidth=0.4, hatch=_HATCH[kind])
+    width_pt = dur * 72 * 0.85 * fig_w / makespan
+    for k, p in enumerate(parts):  # an F&B gets one label per half
+        if width_pt > 3.2 * len(str(p)):  # fits
+            h = 0.8 / n * (0.55 if type(p).__name__ == "W" else 1.0)
+            ax.text(start + dur / 2, y - 0.4 + k * 0.8 / n + h / 2, str(p),
+                    ha="center", va="center", fontsize=5 if n == 1 else 4.5,
+                    bbox={"facecolor": "white", "alpha": 0.6, "pad": 0.3,
+                          "linewidth": 0} if type(p).__name__ in "IW" else None)
+
+
+def _decorate(ax: Any, result: SimResult, title: Optional[str], patch: Any) -> None:
+    """Rank labels, the time axis, the title (kind, shape, makespan, bubble) and the legend."""
+    sched, makespan = result.schedule, float(result.makespan)
     ax.set_yticks(range(sched.pp))
     ax.set_yticklabels([f"rank {sched.pp - 1 - y}" for y in range(sched.pp)])
     ax.set_xlim(0, makespan)
@@ -154,16 +178,12 @@ def plot_timeline(result: SimResult, path: str, title: Optional[str] = None) -> 
                  f"bubble {bubble:.1%}")
     kinds = {type(p).__name__ for acts in sched.ranks for a in acts for p in computes(a)}
     names = {"F": "F", "B": "B", "I": "I: input grad", "W": "W: weight grads (low bar)"}
-    handles = [Patch(facecolor="0.5", hatch=_HATCH[k], label=names[k])
+    handles = [patch(facecolor="0.5", hatch=_HATCH[k], label=names[k])
                for k in ("F", "B", "I", "W") if k in kinds or k == "F"]
-    handles.append(Patch(facecolor="0.85", label="lighter = later chunk" + (
+    handles.append(patch(facecolor="0.85", label="lighter = later chunk" + (
         " (chunk 1: the V's way back)" if sched.placement == "v" else "")))
     if any(len(computes(a)) == 2 for acts in sched.ranks for a in acts):
-        handles.append(Patch(facecolor="white", edgecolor="black",
+        handles.append(patch(facecolor="white", edgecolor="black",
                              label="F&B: one overlapped step (F lower half, B upper)"))
     ax.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, -0.3), fontsize=7,
               ncol=len(handles), frameon=False)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path

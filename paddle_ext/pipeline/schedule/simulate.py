@@ -44,6 +44,7 @@ from paddle_ext.pipeline.schedule.ir import (
     GradSync,
     I,
     Schedule,
+    ScheduleError,
     W,
     computes,
     schedule_error,
@@ -355,83 +356,115 @@ def _run_threaded(schedule: Schedule, costs: Costs) -> List[List[Span]]:
     done; transfers on one communication thread per directed link (sender, receiver),
     in list order, a send once its producer is done, both sides meeting as in the
     blocking run."""
-    partner = match_channels(schedule)
-    pp, ns, ranks, pl = schedule.pp, schedule.num_stages, schedule.ranks, schedule.placement
-    comp = [[i for i, a in enumerate(acts) if not isinstance(a, Comm)] for acts in ranks]
-    links: Dict[Tuple[int, int, bool], List[int]] = {}  # (rank, peer, sends) -> steps
-    recv_at: Dict[Tuple[int, Payload], int] = {}
-    made_by: Dict[Tuple[int, Payload], int] = {}
-    for r, acts in enumerate(ranks):
-        for i, a in enumerate(acts):
-            if isinstance(a, Comm):
-                links.setdefault((r, a.peer, a.is_send), []).append(i)
-                if not a.is_send:
-                    recv_at[(r, payload(pp, r, a, pl))] = i
-            elif computes(a):
-                for p in produces(pp, ns, r, a, pl):
-                    made_by[(r, p)] = i
-    end: Dict[Tuple[int, int], Number] = {}
-    spans: List[List[Span]] = [[] for _ in range(pp)]
-    cp = [0] * pp
-    lp = {link: 0 for link in links}
-    busy: List[Number] = [0] * pp
-    line: Dict[Tuple[int, int], Number] = {}  # directed link (src, dst) free at
+    run = _ThreadedRun(schedule, costs)
     moved = True
     while moved:
         moved = False
-        for r in range(pp):
-            acts = ranks[r]
-            while cp[r] < len(comp[r]):
-                i = comp[r][cp[r]]
-                waits = [recv_at[(r, p)] for p in consumes(pp, ns, r, acts[i], pl)]
-                if any((r, j) not in end for j in waits):
-                    break
-                start = max([busy[r]] + [end[(r, j)] for j in waits])
-                end[(r, i)] = busy[r] = start + costs.of(pp, r, acts[i], pl)
-                spans[r].append(Span(r, i, acts[i], start, busy[r]))
-                cp[r] += 1
-                moved = True
-        for (r, q, sends), steps in links.items():
-            if not sends:
-                continue  # each transfer is driven from its sending side
-            back = links.get((q, r, False), [])
-            while lp[(r, q, True)] < len(steps):
-                i = steps[lp[(r, q, True)]]
-                _, j = partner[(r, i)]
-                if lp.get((q, r, False), 0) >= len(back) or back[lp[(q, r, False)]] != j:
-                    break  # the receiver's thread has not reached it yet
-                producer = made_by[(r, payload(pp, r, ranks[r][i], pl))]
-                if (r, producer) not in end:
-                    break
-                posted_s = max(line.get((r, q), 0), end[(r, producer)])
-                posted_d = line.get((r, q), 0)
-                finish = max(posted_s, posted_d) + max(costs.of(pp, r, ranks[r][i], pl),
-                                                       costs.of(pp, q, ranks[q][j], pl))
-                spans[r].append(Span(r, i, ranks[r][i], posted_s, finish))
-                spans[q].append(Span(q, j, ranks[q][j], posted_d, finish))
-                end[(r, i)] = end[(q, j)] = line[(r, q)] = finish
-                lp[(r, q, True)] += 1
-                lp[(q, r, False)] += 1
-                moved = True
-    stuck = [r for r in range(pp)
-             if cp[r] < len(comp[r]) or any(lp[k] < len(v) for k, v in links.items() if k[0] == r)]
+        for r in range(schedule.pp):
+            moved = run.computes(r) or moved
+        for (r, q, sends), steps in run.links.items():
+            if sends:  # each transfer is driven from its sending side
+                moved = run.transfers(r, q, steps) or moved
+    stuck = run.stuck()
     if stuck:
-        marks, parts = [], []
+        raise run.deadlock(stuck)
+    return [sorted(row, key=lambda sp: sp.index) for row in run.spans]
+
+
+class _ThreadedRun:
+    """_run_threaded's state: per rank the next compute (cp) and when the rank is free
+    (busy); per link thread (rank, peer, sends) its steps and the next one (lp); per
+    directed link (src, dst) when it is free (line); the end of every step done."""
+
+    def __init__(self, schedule: Schedule, costs: Costs) -> None:
+        self.schedule, self.costs = schedule, costs
+        self.partner = match_channels(schedule)
+        pp, ns, ranks, pl = schedule.pp, schedule.num_stages, schedule.ranks, schedule.placement
+        self.comp = [[i for i, a in enumerate(acts) if not isinstance(a, Comm)] for acts in ranks]
+        self.links: Dict[Tuple[int, int, bool], List[int]] = {}  # (rank, peer, sends) -> steps
+        self.recv_at: Dict[Tuple[int, Payload], int] = {}
+        self.made_by: Dict[Tuple[int, Payload], int] = {}
+        for r, acts in enumerate(ranks):
+            for i, a in enumerate(acts):
+                if isinstance(a, Comm):
+                    self.links.setdefault((r, a.peer, a.is_send), []).append(i)
+                    if not a.is_send:
+                        self.recv_at[(r, payload(pp, r, a, pl))] = i
+                elif computes(a):
+                    for p in produces(pp, ns, r, a, pl):
+                        self.made_by[(r, p)] = i
+        self.end: Dict[Tuple[int, int], Number] = {}
+        self.spans: List[List[Span]] = [[] for _ in range(pp)]
+        self.cp = [0] * pp
+        self.lp = {link: 0 for link in self.links}
+        self.busy: List[Number] = [0] * pp
+        self.line: Dict[Tuple[int, int], Number] = {}  # directed link (src, dst) free at
+
+    def computes(self, r: int) -> bool:
+        """Runs rank r's computes until one waits for a receive; True when any ran."""
+        s, pl = self.schedule, self.schedule.placement
+        acts, comp, moved = s.ranks[r], self.comp[r], False
+        while self.cp[r] < len(comp):
+            i = comp[self.cp[r]]
+            waits = [self.recv_at[(r, p)] for p in consumes(s.pp, s.num_stages, r, acts[i], pl)]
+            if any((r, j) not in self.end for j in waits):
+                break
+            start = max([self.busy[r]] + [self.end[(r, j)] for j in waits])
+            self.end[(r, i)] = self.busy[r] = start + self.costs.of(s.pp, r, acts[i], pl)
+            self.spans[r].append(Span(r, i, acts[i], start, self.busy[r]))
+            self.cp[r] += 1
+            moved = True
+        return moved
+
+    def transfers(self, r: int, q: int, steps: List[int]) -> bool:
+        """Runs the transfers of link thread r -> q while both sides have reached them
+        and their producer is done; True when any ran."""
+        pp, ranks, pl = self.schedule.pp, self.schedule.ranks, self.schedule.placement
+        back, lp, moved = self.links.get((q, r, False), []), self.lp, False
+        while lp[(r, q, True)] < len(steps):
+            i = steps[lp[(r, q, True)]]
+            _, j = self.partner[(r, i)]
+            if lp.get((q, r, False), 0) >= len(back) or back[lp[(q, r, False)]] != j:
+                break  # the receiver's thread has not reached it yet
+            producer = self.made_by[(r, payload(pp, r, ranks[r][i], pl))]
+            if (r, producer) not in self.end:
+                break
+            posted_s = max(self.line.get((r, q), 0), self.end[(r, producer)])
+            posted_d = self.line.get((r, q), 0)
+            finish = max(posted_s, posted_d) + max(self.costs.of(pp, r, ranks[r][i], pl),
+                                                   self.costs.of(pp, q, ranks[q][j], pl))
+            self.spans[r].append(Span(r, i, ranks[r][i], posted_s, finish))
+            self.spans[q].append(Span(q, j, ranks[q][j], posted_d, finish))
+            self.end[(r, i)] = self.end[(q, j)] = self.line[(r, q)] = finish
+            lp[(r, q, True)] += 1
+            lp[(q, r, False)] += 1
+            moved = True
+        return moved
+
+    def stuck(self) -> List[int]:
+        """Ranks with a compute or a link thread not at its end."""
+        return [r for r in range(self.schedule.pp)
+                if self.cp[r] < len(self.comp[r])
+                or any(self.lp[k] < len(v) for k, v in self.links.items() if k[0] == r)]
+
+    def deadlock(self, stuck: List[int]) -> ScheduleError:
+        """The error naming where each stuck rank's computes and threads wait."""
+        ranks, marks, parts = self.schedule.ranks, [], []
         for r in stuck:
             where = []
-            if cp[r] < len(comp[r]):
-                marks.append((r, comp[r][cp[r]]))
-                where.append(f"computes wait in {ranks[r][comp[r][cp[r]]]} (step {comp[r][cp[r]]})")
-            for (rr, q, sends), steps in sorted(links.items()):
-                if rr == r and lp[(rr, q, sends)] < len(steps):
-                    k = steps[lp[(rr, q, sends)]]
+            comp, cp = self.comp[r], self.cp[r]
+            if cp < len(comp):
+                marks.append((r, comp[cp]))
+                where.append(f"computes wait in {ranks[r][comp[cp]]} (step {comp[cp]})")
+            for (rr, q, sends), steps in sorted(self.links.items()):
+                if rr == r and self.lp[(rr, q, sends)] < len(steps):
+                    k = steps[self.lp[(rr, q, sends)]]
                     marks.append((r, k))
                     where.append(f"its thread {'to' if sends else 'from'} rank {q} waits in "
                                  f"{ranks[r][k]} (step {k})")
             parts.append(f"rank {r}: " + ", ".join(where))
-        raise schedule_error(schedule, "deadlock with communication threads: "
-                             + "; ".join(parts) + ".", sorted(marks))
-    return [sorted(row, key=lambda sp: sp.index) for row in spans]
+        return schedule_error(self.schedule, "deadlock with communication threads: "
+                              + "; ".join(parts) + ".", sorted(marks))
 
 
 def _run_dataflow(schedule: Schedule, costs: Costs) -> List[List[Span]]:

@@ -203,75 +203,93 @@ _NEEDS = {
 
 def check_comm(schedule: Schedule) -> None:
     """Check 3: the communication of a lowered schedule is complete and well placed."""
-    pp, n, pl = schedule.pp, schedule.num_stages, schedule.placement
-    forward_only = schedule.forward_only
-
-    def needed(typ: type, s: int) -> bool:
-        other = s + 1 if typ.is_send != typ.is_grad else s - 1
-        return (_NEEDS[typ][0](s, n) and not is_local(pp, r, other, pl)
-                and not (forward_only and typ.is_grad))
+    forward_only = schedule.forward_only  # a walk over every action: once
     for r, acts in enumerate(schedule.ranks):
-        at: Dict[Tuple[type, int, int], int] = {}
         compute_at: Dict[Tuple[type, int, int], int] = {}
         for i, a in enumerate(acts):
             for p in computes(a):  # an I sends and receives what a B would
                 kind = B if isinstance(p, INPUT_GRAD_KINDS) else type(p)
                 compute_at[(kind, p.chunk, p.mb)] = i
+        at: Dict[Tuple[type, int, int], int] = {}
         for i, a in enumerate(acts):
-            if not isinstance(a, Comm):
+            if isinstance(a, Comm):
+                _check_one_comm(schedule, r, i, at, compute_at, forward_only)
+        _check_no_comm_missing(schedule, r, at, compute_at, forward_only)
+
+
+def _comm_needed(schedule: Schedule, r: int, typ: type, s: int, forward_only: bool) -> bool:
+    """Whether stage s (on rank r) has a transfer of type `typ` per micro-batch."""
+    other = s + 1 if typ.is_send != typ.is_grad else s - 1
+    return (_NEEDS[typ][0](s, schedule.num_stages)
+            and not is_local(schedule.pp, r, other, schedule.placement)
+            and not (forward_only and typ.is_grad))
+
+
+def _check_one_comm(schedule: Schedule, r: int, i: int, at: Dict[Tuple[type, int, int], int],
+                    compute_at: Dict[Tuple[type, int, int], int], forward_only: bool) -> None:
+    """Communication action i of rank r: needed, facing the right peer, once, on the
+    right side of its compute; recorded in `at`."""
+    pp, n, pl = schedule.pp, schedule.num_stages, schedule.placement
+    acts = schedule.ranks[r]
+    a = acts[i]
+    s = schedule.stage(r, a.chunk)
+    _needed, kind, side = _NEEDS[type(a)]
+    if forward_only and a.is_grad:
+        raise schedule_error(
+            schedule, f"{a} on rank {r} is not needed: a forward-only schedule has no "
+            "backward, so no gradient moves", [(r, i)])
+    # Activation sends and gradient receives face the next stage, the others the
+    # previous one.
+    other = s + 1 if a.is_send != a.is_grad else s - 1
+    if not 0 <= other < n:
+        raise schedule_error(
+            schedule, f"{a} on rank {r} is not needed: stage {s} is the "
+            f"{'last' if other == n else 'first'} stage", [(r, i)])
+    if is_local(pp, r, other, pl):
+        raise schedule_error(
+            schedule, f"{a} on rank {r} is not needed: stages {s} and {other} both live "
+            "on this rank (placement v hands the tensor over locally)", [(r, i)])
+    if a.peer != locate(pp, other, pl)[0]:
+        raise schedule_error(
+            schedule, f"{a} on rank {r} talks to rank {a.peer}, but the tensor "
+            f"{'goes to' if a.is_send else 'comes from'} stage {other}, which lives on "
+            f"rank {locate(pp, other, pl)[0]}", [(r, i)])
+    key = (type(a), a.chunk, a.mb)
+    if key in at:
+        raise schedule_error(schedule, f"{a} appears twice on rank {r}",
+                             [(r, at[key]), (r, i)])
+    at[key] = i
+    ci = compute_at[(kind, a.chunk, a.mb)]
+    if (side == "after" and i < ci) or (side == "before" and i > ci):
+        raise schedule_error(
+            schedule, f"{a} on rank {r} (step {i}) must come {side} "
+            f"{acts[ci]} (step {ci}), which {'produces' if side == 'after' else 'needs'} "
+            "its tensor", [(r, i), (r, ci)])
+
+
+def _check_no_comm_missing(schedule: Schedule, r: int, at: Dict[Tuple[type, int, int], int],
+                           compute_at: Dict[Tuple[type, int, int], int], forward_only: bool) -> None:
+    """Every transfer rank r needs is there (`at`: those found, each checked)."""
+    acts = schedule.ranks[r]
+    expected = sum(1 for c in range(schedule.vpp) for typ in _NEEDS
+                   if _comm_needed(schedule, r, typ, schedule.stage(r, c), forward_only)) * schedule.microbatches
+    if len(at) == expected:  # no duplicates and all in range, so none is missing
+        return
+    for c in range(schedule.vpp):
+        s = schedule.stage(r, c)
+        for typ, (_needed, kind, _side) in _NEEDS.items():
+            if not _comm_needed(schedule, r, typ, s, forward_only):
                 continue
-            s = schedule.stage(r, a.chunk)
-            _needed, kind, side = _NEEDS[type(a)]
-            if forward_only and a.is_grad:
-                raise schedule_error(
-                    schedule, f"{a} on rank {r} is not needed: a forward-only schedule has no "
-                    "backward, so no gradient moves", [(r, i)])
-            # Activation sends and gradient receives face the next stage, the others the
-            # previous one.
-            other = s + 1 if a.is_send != a.is_grad else s - 1
-            if not 0 <= other < n:
-                raise schedule_error(
-                    schedule, f"{a} on rank {r} is not needed: stage {s} is the "
-                    f"{'last' if other == n else 'first'} stage", [(r, i)])
-            if is_local(pp, r, other, pl):
-                raise schedule_error(
-                    schedule, f"{a} on rank {r} is not needed: stages {s} and {other} both live "
-                    "on this rank (placement v hands the tensor over locally)", [(r, i)])
-            if a.peer != locate(pp, other, pl)[0]:
-                raise schedule_error(
-                    schedule, f"{a} on rank {r} talks to rank {a.peer}, but the tensor "
-                    f"{'goes to' if a.is_send else 'comes from'} stage {other}, which lives on "
-                    f"rank {locate(pp, other, pl)[0]}", [(r, i)])
-            key = (type(a), a.chunk, a.mb)
-            if key in at:
-                raise schedule_error(schedule, f"{a} appears twice on rank {r}",
-                                     [(r, at[key]), (r, i)])
-            at[key] = i
-            ci = compute_at[(kind, a.chunk, a.mb)]
-            if (side == "after" and i < ci) or (side == "before" and i > ci):
-                raise schedule_error(
-                    schedule, f"{a} on rank {r} (step {i}) must come {side} "
-                    f"{acts[ci]} (step {ci}), which {'produces' if side == 'after' else 'needs'} "
-                    "its tensor", [(r, i), (r, ci)])
-        expected = sum(1 for c in range(schedule.vpp) for typ in _NEEDS
-                       if needed(typ, schedule.stage(r, c))) * schedule.microbatches
-        if len(at) == expected:  # no duplicates and all in range, so none is missing
-            continue
-        for c in range(schedule.vpp):
-            s = schedule.stage(r, c)
-            for typ, (_needed, kind, _side) in _NEEDS.items():
-                if not needed(typ, s):
-                    continue
-                for mb in range(schedule.microbatches):
-                    if (typ, c, mb) not in at:
-                        ci = compute_at[(kind, c, mb)]
-                        raise schedule_error(
-                            schedule, f"{acts[ci]} on rank {r} (step {ci}) has no {typ.token}"
-                            f"{c}.{mb}: stage {s} {'sends' if typ.is_send else 'receives'} "
-                            f"{'gradients' if typ.is_grad else 'activations'} "
-                            f"{'to' if typ.is_send else 'from'} the "
-                            f"{'next' if typ.is_send != typ.is_grad else 'previous'} stage",
-                            [(r, ci)])
+            for mb in range(schedule.microbatches):
+                if (typ, c, mb) not in at:
+                    ci = compute_at[(kind, c, mb)]
+                    raise schedule_error(
+                        schedule, f"{acts[ci]} on rank {r} (step {ci}) has no {typ.token}"
+                        f"{c}.{mb}: stage {s} {'sends' if typ.is_send else 'receives'} "
+                        f"{'gradients' if typ.is_grad else 'activations'} "
+                        f"{'to' if typ.is_send else 'from'} the "
+                        f"{'next' if typ.is_send != typ.is_grad else 'previous'} stage",
+                        [(r, ci)])
 
 
 def _check_times(schedule: Schedule, result: SimResult) -> None:
