@@ -15,10 +15,11 @@ from examples.overlap_gpt import LMLoss, Reference, TiedEmbedding, TransformerBl
 from examples.tiny_gpt import batch
 from paddle_ext import compat
 from paddle_ext.config import parse_pipeline_parallel_config, pp_config
+from paddle_ext.patches import series
 from paddle_ext.pipeline import nodes
 from paddle_ext.pipeline.engine import PipelineSettings
 from paddle_ext.pipeline.runtime import schedule_nodes
-from paddle_ext.pipeline.runtime.interpreter import P2PAsyncHandle
+from paddle_ext.pipeline.runtime.links import P2PAsyncHandle
 
 
 @pytest.fixture
@@ -152,12 +153,13 @@ def test_fb_overlap_unit_installs_upstreams_names(enabled):
         assert ScheduleNode is not nodes.ScheduleNode and ScheduleNode.__module__.startswith("paddle.")
     else:
         assert (ScheduleNode, ScheduleChunk) == (nodes.ScheduleNode, nodes.ScheduleChunk)
-    assert getattr(layer_cls.get_schedule_chunk, "__paddle_ext_unit__", None) == "fb_overlap"
+    installed = layer_cls.get_schedule_chunk
+    assert series().installed_by(installed) == "fb_overlap"
     paddle_ext.disable()
     if not paddle_has_them:
         assert not hasattr(meta_parallel, "ScheduleNode") and not hasattr(layer_cls, "get_schedule_chunk")
     else:
-        assert getattr(layer_cls.get_schedule_chunk, "__paddle_ext_unit__", None) is None
+        assert layer_cls.get_schedule_chunk is not installed
 
 
 def test_async_handle_has_upstreams_methods_and_the_prs_spelling():

@@ -19,9 +19,9 @@ from paddle.distributed.fleet.recompute.recompute_hybrid import recompute_hybrid
 from paddle.distributed.fleet.utils import recompute
 from paddle.incubate.distributed.fleet import recompute_sequential
 
-from paddle_ext import compat
-from paddle_ext.patches import host_recompute
-from paddle_ext.pipeline.runtime.interpreter import _release
+from paddle_ext import compat, devices
+from paddle_ext.patches import host_recompute, series
+from paddle_ext.pipeline.runtime.slots import release as _release
 
 pytestmark = pytest.mark.usefixtures("clean_series")
 ONE_RANK = types.SimpleNamespace(nranks=1, rank=0)  # recompute_hybrid's mp_group without model parallelism
@@ -103,7 +103,8 @@ def test_stock_paddle_refuses_the_cpu_where_the_unit_applies(clean_series):
 
 def test_the_copies_run_paddles_code_and_see_its_module_as_it_is(clean_series):
     clean_series.enable()
-    assert host_recompute.UNIT.verify()
+    assert series().verify() == []
+    assert series().installed_by(vars(compat.hybrid_recompute_layer())["forward"]) == "host_recompute"
     layer = compat.hybrid_recompute_layer()
     copy = layer.forward
     assert copy.__code__ is copy.__wrapped__.__code__
@@ -119,7 +120,7 @@ def test_the_copies_run_paddles_code_and_see_its_module_as_it_is(clean_series):
 
 
 def test_gpu_builds_are_left_to_paddle(monkeypatch):
-    monkeypatch.setattr(compat, "device_build", lambda: "cuda")
+    monkeypatch.setattr(devices, "device_build", lambda: "cuda")
     assert "cuda build" in host_recompute.UNIT.unavailable()
 
 

@@ -328,7 +328,7 @@ _NODE_ACTIONS = ("F0.0 F1.0 F0.1&B1.0 B0.0 F1.1 I1.1 F0.2 I0.1 W1.1 F1.2 I1.2 W1
 
 
 def _node_program(model: paddle.nn.Layer, ids: paddle.Tensor, labels: paddle.Tensor, m: int,
-                  recompute_chunk1: bool, pairs: list, losses: list):
+                  recompute_chunk1: bool, pairs: list, losses: list, split: WeightGradStore):
     """A pp=1 V-placed StageProgram over overlap_gpt's Reference cut in two chunks (embedding
     and block 1; block 2 and the head): chunk 1 hands over in place and ends in the loss, so
     one process runs the whole V with no transfer, every chunk as schedule nodes."""
@@ -337,6 +337,8 @@ def _node_program(model: paddle.nn.Layer, ids: paddle.Tensor, labels: paddle.Ten
     from examples.overlap_gpt import OverlapGPT
     from paddle_ext.pipeline.nodes import ScheduleChunk, ScheduleNode, loss_node
     from paddle_ext.pipeline.runtime.interpreter import StageProgram
+    from paddle_ext.pipeline.runtime.node_mode import NodeChunks
+    from paddle_ext.pipeline.runtime.slots import StageLayout
 
     rows = ids.shape[0] // m
     embed, (block1, block2), head = model.embed, model.blocks, model.head
@@ -362,14 +364,10 @@ def _node_program(model: paddle.nn.Layer, ids: paddle.Tensor, labels: paddle.Ten
         pairs.append(1)
         return OverlapGPT.overlapped_forward_backward(None, *args, **kwargs)
 
-    def unused(*_):
-        raise AssertionError("node mode runs chunks through their schedule nodes")
-
-    return StageProgram(rank=0, pp=1, vpp=2, forward=unused, loss=unused, backward_loss=unused,
-                        first_input=lambda mb: ids[mb * rows:(mb + 1) * rows], schedule_chunk=schedule_chunk,
-                        loss_node=make_loss_node, record_loss=lambda loss, _outputs, _mb: losses.append(loss.detach()),
-                        overlapped_forward_backward=overlapped,
-                        placement="v")
+    chunks = NodeChunks(schedule_chunk, make_loss_node, lambda loss, _outputs, _mb: losses.append(loss.detach()),
+                        overlapped)
+    return StageProgram(StageLayout(rank=0, pp=1, vpp=2, placement="v"), chunks,
+                        first_input=lambda mb: ids[mb * rows:(mb + 1) * rows], split=split)
 
 
 @pytest.mark.parametrize("recompute_chunk1", [False, True])
@@ -399,11 +397,10 @@ def test_node_mode_splits_lone_and_paired_forwards_and_equals_plain_backward(rec
     model = Reference(vocab, hidden, seq, blocks=2)
     pairs: list = []
     losses: list = []
-    program = _node_program(model, ids, labels, m, recompute_chunk1, pairs, losses)
     store = WeightGradStore().bind([[model.embed, model.blocks[0]], [model.blocks[1], model.head]])
-    program.split = store
+    program = _node_program(model, ids, labels, m, recompute_chunk1, pairs, losses, store)
     store.begin_step()
-    interpreter = Interpreter(program, [parse_action(a) for a in _NODE_ACTIONS.split()], transport=None)
+    interpreter = Interpreter(program, [parse_action(a) for a in _NODE_ACTIONS.split()])
     assert interpreter._split_keys == {(0, 1), (1, 1)}  # I1.2 and I0.2 are followed by their W
     interpreter.run()
     stats = store.end_step()
@@ -425,9 +422,11 @@ def test_node_mode_splits_lone_and_paired_forwards_and_equals_plain_backward(rec
 def test_pair_with_both_halves_in_one_chunk_is_not_captured() -> None:
     """The capture cannot tell such a pair's halves apart (both use the chunk's weights):
     the forward runs plain and its I computes every gradient."""
+    from paddle_ext.pipeline.runtime.chunks import PlainChunks
     from paddle_ext.pipeline.runtime.interpreter import Interpreter, StageProgram
+    from paddle_ext.pipeline.runtime.slots import StageLayout
     from paddle_ext.pipeline.schedule.ir import parse_action
 
     acts = [parse_action(a) for a in "F0.0 F0.1&B0.0 I0.1 F0.2 W0.1 I0.2 F0.3 W0.2".split()]
-    program = StageProgram(rank=0, pp=2, vpp=1, forward=None, loss=None, first_input=None, backward_loss=None)
-    assert Interpreter(program, acts, transport=None)._split_keys == {(0, 2)}
+    program = StageProgram(StageLayout(rank=0, pp=2, vpp=1), PlainChunks(None, None, None), first_input=None)
+    assert Interpreter(program, acts)._split_keys == {(0, 2)}

@@ -44,8 +44,12 @@ from paddle_ext.pipeline.fleet_surface import (
 from paddle_ext.pipeline.grad_sync import GradReducer, GradSyncSettings
 from paddle_ext.pipeline.losses import StageLosses, check_loss_fn_idx
 from paddle_ext.pipeline.microbatch import MicroBatches
+from paddle_ext.pipeline.runtime.chunks import PlainChunks
 from paddle_ext.pipeline.runtime.groups import link_groups, neighbour_groups
-from paddle_ext.pipeline.runtime.interpreter import Interpreter, StageProgram
+from paddle_ext.pipeline.runtime.interpreter import Interpreter, StageProgram, no_grad_sync
+from paddle_ext.pipeline.runtime.links import links_for
+from paddle_ext.pipeline.runtime.node_mode import NodeChunks
+from paddle_ext.pipeline.runtime.slots import StageLayout
 from paddle_ext.pipeline.runtime.split_backward import WeightGradStore
 from paddle_ext.pipeline.runtime.transport import P2P, default_overlap_p2p
 from paddle_ext.pipeline.schedule import OVERLAP_SUFFIX, Schedule, generate, lower
@@ -350,36 +354,50 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         the interpreter. last_stage: (loss stage output, mb) -> the loss to back-propagate
         (a StageLosses) or, in evaluation, None after keeping what eval_batch returns."""
         m = self.accumulate_steps
+        schedule = self.schedule(m, forward_only)
+        actions = schedule.ranks[self.stage_id]
+        split = None if forward_only else self._split_for(actions)
+        reducer = None if forward_only else self._grad_sync
+        program = StageProgram(
+            layout=StageLayout(self.stage_id, self.num_stages, self.vpp, self.placement),
+            chunks=self._chunk_runner(last_stage, losses, scaler, forward_only),
+            first_input=batches.inputs,
+            on_grad_sync=reducer.on_grad_sync if reducer is not None else no_grad_sync,
+            split=split, micro_steps=self._micro_steps if self.placement != "v" else None)
+        start = time.perf_counter()
+        interpreter = Interpreter(program, actions, links_for(self._p2p, self._links, "eval" if forward_only else "act"))
+        interpreter.run()
+        split_stats = split.end_step() if split is not None else None
+        return StepStats(time.perf_counter() - start, interpreter.peak_in_flight, m, interpreter.spans, split_stats)
+
+    def _split_for(self, actions: list) -> Optional[WeightGradStore]:
+        """The rank's WeightGradStore, begun for this step, when its list has I / W actions
+        (zero-bubble schedules); made with the first such schedule."""
+        if not any(isinstance(a, (I, W)) for a in actions):
+            return None
+        if self._split is None:
+            self._split = WeightGradStore().bind(compat.pipeline_model_chunks(self._layers))
+        self._split.begin_step()
+        return self._split
+
+    def _chunk_runner(self, last_stage: Callable[[Any, int], Any], losses: Optional[StageLosses], scaler: Any,
+                      forward_only: bool) -> Any:
+        """How this rank runs its chunks: as upstream's schedule chunks with the loss as a
+        loss node and F&B steps through the model's overlapped_forward_backward (the
+        overlap scheduler, DualPipeV with such a model), else the PipelineLayer's forward
+        and autograd."""
+        if self.overlap_schedule_mode and not forward_only:
+            return self._node_chunks(losses, scaler)
 
         def backward_loss(loss: paddle.Tensor) -> None:
             (scaler.scale(loss) if scaler is not None else loss).backward()
 
-        forward = (lambda x, chunk: self._layers(x, chunk_id=chunk)) if self.vpp > 1 else (lambda x, chunk: self._layers(x))
-        program = StageProgram(rank=self.stage_id, pp=self.num_stages, vpp=self.vpp, forward=forward,
-                               loss=last_stage, first_input=batches.inputs, backward_loss=backward_loss,
-                               placement=self.placement,
-                               micro_steps=self._micro_steps if self.placement != "v" else None)
-        schedule = self.schedule(m, forward_only)
-        if not forward_only:
-            if self._grad_sync is not None:
-                program.on_grad_sync = self._grad_sync.on_grad_sync
-            if self.overlap_schedule_mode:
-                self._use_schedule_nodes(program, losses, scaler)
-            if any(isinstance(a, (I, W)) for a in schedule.ranks[self.stage_id]):
-                if self._split is None:
-                    self._split = WeightGradStore().bind(compat.pipeline_model_chunks(self._layers))
-                program.split = self._split
-                self._split.begin_step()
-        start = time.perf_counter()
-        interpreter = Interpreter(program, schedule.ranks[self.stage_id], self._p2p, async_links=self._links,
-                                  channel="eval" if forward_only else "act")
-        interpreter.run()
-        split = program.split.end_step() if program.split is not None else None
-        return StepStats(time.perf_counter() - start, interpreter.peak_in_flight, m, interpreter.spans, split)
+        layers = self._layers
+        if self.vpp > 1:
+            return PlainChunks(lambda x, chunk: layers(x, chunk_id=chunk), last_stage, backward_loss)
+        return PlainChunks(lambda x, chunk: layers(x), last_stage, backward_loss)
 
-    def _use_schedule_nodes(self, program: StageProgram, losses: StageLosses, scaler: Any) -> None:
-        """Runs chunks as upstream's schedule chunks and the loss as a loss node, and F&B
-        steps through the model's overlapped_forward_backward."""
+    def _node_chunks(self, losses: StageLosses, scaler: Any) -> NodeChunks:
         from paddle_ext.pipeline import nodes
 
         layers = self._layers
@@ -392,11 +410,8 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
             chunk_id = chunk if vpp > 1 else None
             return get_chunk(chunk_id=chunk_id) if get_chunk is not None else nodes.schedule_chunk(layers, chunk_id)
 
-        program.schedule_chunk = schedule_chunk
-        program.loss_node = losses.node
-        program.record_loss = losses.record_node_loss
-        program.overlapped_forward_backward = layers.overlapped_forward_backward
-        program.scaler = scaler
+        return NodeChunks(schedule_chunk, losses.node, losses.record_node_loss,
+                          layers.overlapped_forward_backward, scaler)
 
     def _broadcast_loss(self, losses: StageLosses, per_microbatch: bool) -> Any:
         """The loss stage's totals (one per loss function) to every stage, as fleet's

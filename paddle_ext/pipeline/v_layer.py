@@ -123,108 +123,111 @@ def _tied_desc_class() -> type:
     return TiedDesc
 
 
+class _VSegmentation:
+    """What VPipelineLayer changes in Paddle's PipelineLayer (placed before it in the
+    class's bases, so `super()` is Paddle's): PipelineLayer(layers, ..., seg_method) for
+    the V placement; see the module docstring. `_paddle_ext_v` marks it for
+    compat.pipeline_is_v (Paddle's own `_use_dualpipev` stays False: Paddle's code sees the
+    interleaved layer it built)."""
+
+    _paddle_ext_v = True
+
+    def __init__(self, layers: Sequence[Any], num_stages: Optional[int] = None, topology: Any = None,
+                 loss_fn: Any = None, seg_method: Any = "uniform", recompute_interval: int = 0,
+                 recompute_ctx: Any = None) -> None:
+        # before nn.Layer.__init__: a plain attribute, read by the segmentation below
+        object.__setattr__(self, "_v_seg_method", seg_method)
+        # Paddle's interleaved constructor wants a "layer:" method; the V segmentation
+        # (_segment_network_for_interleave below) uses the caller's.
+        super().__init__(layers=list(layers), num_stages=num_stages, topology=topology, loss_fn=loss_fn,
+                         seg_method="layer:", recompute_interval=recompute_interval,
+                         recompute_ctx=recompute_ctx, num_virtual_pipeline_stages=2)
+
+    def _segment_network_for_interleave(self, seg_method: Any) -> None:
+        from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import (
+            SegmentLayers,
+        )
+
+        pp = self._num_stages
+        if len(self._layers_desc) < 2 * pp:
+            raise ValueError(f"layers: {len(self._layers_desc)} layer descriptions cannot fill the V's "
+                             f"2 * pp_degree = {2 * pp} stages")
+        # the caller's method (VPipelineLayer.__init__), or the one Paddle's constructor got
+        # (a v_segmented class whose own __init__ calls PipelineLayer.__init__)
+        method = getattr(self, "_v_seg_method", seg_method)
+        self.segment_parts = SegmentLayers(self._layers_desc, num_parts=2 * pp, method=method).do_segment()
+        parts, r = self.segment_parts, self._stage_id
+        self._start_poss = [parts[r], parts[2 * pp - 1 - r]]
+        self._end_poss = [parts[r + 1], parts[2 * pp - r]]
+        self._v_ties = self._localize_ties()
+
+    def _localize_ties(self) -> list:
+        """The ties whose uses all land on one rank, as TiedDescs (on every rank, so the
+        descriptions agree); a LocalSharedLayerDesc spread over ranks is refused, a
+        SharedLayerDesc spread over ranks stays Paddle's."""
+        _, shared = _layer_desc_classes()
+        local, tied = local_shared_layer_desc_class(), _tied_desc_class()
+        uses: dict = {}
+        for idx, desc in enumerate(self._layers_desc):
+            if isinstance(desc, (local, shared)):
+                uses.setdefault(desc.layer_name, []).append(idx)
+        groups = []
+        for key, idxs in uses.items():
+            on = sorted({self.get_stage_from_index(i) for i in idxs})
+            first = self._layers_desc[idxs[0]]
+            is_local = isinstance(first, local) and not isinstance(first, shared)
+            if len(on) > 1:
+                if is_local:
+                    raise ValueError(f"LocalSharedLayerDesc {key!r}: its uses land on pipeline ranks {on}; a "
+                                     "local tie must stay on one rank (use SharedLayerDesc across ranks)")
+                continue
+            attrs = first.shared_weight_attr
+            group = _TieGroup(key, [attrs] if isinstance(attrs, str) else list(attrs))
+            for n, i in enumerate(idxs):
+                desc = self._layers_desc[i]
+                role = ("first" if n == 0 else "param" if is_local
+                        else "same" if desc.layer_func is first.layer_func else "copy")
+                self._layers_desc[i] = tied(desc, group, role)
+            groups.append(group)
+        return groups
+
+    def _synchronize_shared_weights(self) -> None:
+        super()._synchronize_shared_weights()
+        import paddle
+
+        with paddle.no_grad():
+            for group in self._v_ties:
+                for copy in group.copies:
+                    for attr in group.attrs:
+                        getattr(copy, attr).set_value(getattr(group.first, attr))
+
+    def allreduce_shared_weight_gradients(self) -> None:
+        """Paddle's pair all-reduce, then each "copy" tie's local sum: both parameters
+        get first + copy, as the all-reduce over two ranks would give them."""
+        super().allreduce_shared_weight_gradients()
+        import paddle
+
+        with paddle.no_grad():
+            for group in self._v_ties:
+                for copy in group.copies:
+                    for attr in group.attrs:
+                        _sum_grads(getattr(group.first, attr), getattr(copy, attr))
+
+    def get_stage_from_index(self, layer_idx: int) -> int:
+        """The pipeline rank holding layer `layer_idx` (the V: stages r and 2*pp-1-r)."""
+        parts = self.segment_parts
+        for stage in range(len(parts) - 1):
+            if parts[stage] <= layer_idx < parts[stage + 1]:
+                return v_stage_of(stage, self._num_stages)
+        raise ValueError(f"layer_idx = {layer_idx} is out of range: the layer list has {parts[-1]} layers")
+
+
+
 @functools.cache
 def v_pipeline_layer_class() -> type:
     """The plugin's V-segmented PipelineLayer class (a subclass of this Paddle's)."""
-    base = compat.pipeline_layer_class()
-
-    class VPipelineLayer(base):
-        """PipelineLayer(layers, ..., seg_method) for the V placement; see the module
-        docstring. `_paddle_ext_v` marks it for compat.pipeline_is_v (Paddle's own
-        `_use_dualpipev` stays False: Paddle's code sees the interleaved layer it built)."""
-
-        _paddle_ext_v = True
-
-        def __init__(self, layers: Sequence[Any], num_stages: Optional[int] = None, topology: Any = None,
-                     loss_fn: Any = None, seg_method: Any = "uniform", recompute_interval: int = 0,
-                     recompute_ctx: Any = None) -> None:
-            # before nn.Layer.__init__: a plain attribute, read by the segmentation below
-            object.__setattr__(self, "_v_seg_method", seg_method)
-            # Paddle's interleaved constructor wants a "layer:" method; the V segmentation
-            # (_segment_network_for_interleave below) uses the caller's.
-            super().__init__(layers=list(layers), num_stages=num_stages, topology=topology, loss_fn=loss_fn,
-                             seg_method="layer:", recompute_interval=recompute_interval,
-                             recompute_ctx=recompute_ctx, num_virtual_pipeline_stages=2)
-
-        def _segment_network_for_interleave(self, seg_method: Any) -> None:
-            from paddle.distributed.fleet.meta_parallel.parallel_layers.pp_layers import (
-                SegmentLayers,
-            )
-
-            pp = self._num_stages
-            if len(self._layers_desc) < 2 * pp:
-                raise ValueError(f"layers: {len(self._layers_desc)} layer descriptions cannot fill the V's "
-                                 f"2 * pp_degree = {2 * pp} stages")
-            # the caller's method (VPipelineLayer.__init__), or the one Paddle's constructor got
-            # (a v_segmented class whose own __init__ calls PipelineLayer.__init__)
-            method = getattr(self, "_v_seg_method", seg_method)
-            self.segment_parts = SegmentLayers(self._layers_desc, num_parts=2 * pp, method=method).do_segment()
-            parts, r = self.segment_parts, self._stage_id
-            self._start_poss = [parts[r], parts[2 * pp - 1 - r]]
-            self._end_poss = [parts[r + 1], parts[2 * pp - r]]
-            self._v_ties = self._localize_ties()
-
-        def _localize_ties(self) -> list:
-            """The ties whose uses all land on one rank, as TiedDescs (on every rank, so the
-            descriptions agree); a LocalSharedLayerDesc spread over ranks is refused, a
-            SharedLayerDesc spread over ranks stays Paddle's."""
-            _, shared = _layer_desc_classes()
-            local, tied = local_shared_layer_desc_class(), _tied_desc_class()
-            uses: dict = {}
-            for idx, desc in enumerate(self._layers_desc):
-                if isinstance(desc, (local, shared)):
-                    uses.setdefault(desc.layer_name, []).append(idx)
-            groups = []
-            for key, idxs in uses.items():
-                on = sorted({self.get_stage_from_index(i) for i in idxs})
-                first = self._layers_desc[idxs[0]]
-                is_local = isinstance(first, local) and not isinstance(first, shared)
-                if len(on) > 1:
-                    if is_local:
-                        raise ValueError(f"LocalSharedLayerDesc {key!r}: its uses land on pipeline ranks {on}; a "
-                                         "local tie must stay on one rank (use SharedLayerDesc across ranks)")
-                    continue
-                attrs = first.shared_weight_attr
-                group = _TieGroup(key, [attrs] if isinstance(attrs, str) else list(attrs))
-                for n, i in enumerate(idxs):
-                    desc = self._layers_desc[i]
-                    role = ("first" if n == 0 else "param" if is_local
-                            else "same" if desc.layer_func is first.layer_func else "copy")
-                    self._layers_desc[i] = tied(desc, group, role)
-                groups.append(group)
-            return groups
-
-        def _synchronize_shared_weights(self) -> None:
-            super()._synchronize_shared_weights()
-            import paddle
-
-            with paddle.no_grad():
-                for group in self._v_ties:
-                    for copy in group.copies:
-                        for attr in group.attrs:
-                            getattr(copy, attr).set_value(getattr(group.first, attr))
-
-        def allreduce_shared_weight_gradients(self) -> None:
-            """Paddle's pair all-reduce, then each "copy" tie's local sum: both parameters
-            get first + copy, as the all-reduce over two ranks would give them."""
-            super().allreduce_shared_weight_gradients()
-            import paddle
-
-            with paddle.no_grad():
-                for group in self._v_ties:
-                    for copy in group.copies:
-                        for attr in group.attrs:
-                            _sum_grads(getattr(group.first, attr), getattr(copy, attr))
-
-        def get_stage_from_index(self, layer_idx: int) -> int:
-            """The pipeline rank holding layer `layer_idx` (the V: stages r and 2*pp-1-r)."""
-            parts = self.segment_parts
-            for stage in range(len(parts) - 1):
-                if parts[stage] <= layer_idx < parts[stage + 1]:
-                    return v_stage_of(stage, self._num_stages)
-            raise ValueError(f"layer_idx = {layer_idx} is out of range: the layer list has {parts[-1]} layers")
-
-    return VPipelineLayer
+    return type("VPipelineLayer", (_VSegmentation, compat.pipeline_layer_class()),
+                {"__module__": __name__, "__doc__": _VSegmentation.__doc__})
 
 
 def _sum_grads(a: Any, b: Any) -> None:
