@@ -186,3 +186,35 @@ def test_a_failing_action_is_named_with_its_position_in_either_links() -> None:
 
         with pytest.raises(PipelineStepError, match=r"rank 0: action F0\.0 \(position 0 of 2 .*ValueError: injected"):
             Interpreter(program, [parse_action("F0.0"), parse_action("B0.0")], way).run()
+
+
+MODE_NAMES = {"BlockingLinks", "ThreadedLinks", "CommThread", "PlainChunks", "NodeChunks", "OverlappedPair",
+              "comm", "uses_nodes", "schedule_chunk", "loss_node", "overlapped_forward_backward", "async_links"}
+
+
+def mode_branches(source: str) -> list[str]:
+    """Where `source` asks which links or which chunk runner it has: an if / conditional /
+    isinstance whose test names one of their classes or members (MODE_NAMES)."""
+    import ast
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        tests = [node.test] if isinstance(node, (ast.If, ast.IfExp, ast.While)) else []
+        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == "isinstance":
+            tests.append(node)
+        for test in tests:
+            names = {n.id for n in ast.walk(test) if isinstance(n, ast.Name)}
+            names |= {n.attr for n in ast.walk(test) if isinstance(n, ast.Attribute)}
+            found += [f"line {test.lineno}: {name}" for name in sorted(names & MODE_NAMES)]
+    return found
+
+
+def test_the_interpreter_never_asks_which_links_or_chunk_runner_it_has() -> None:
+    import inspect
+
+    from paddle_ext.pipeline.runtime import interpreter
+
+    assert mode_branches(inspect.getsource(interpreter)) == []
+    # the check itself finds such a branch
+    assert mode_branches("if self.comm is not None:\n    pass\nx = isinstance(c, NodeChunks)\n") == [
+        "line 1: comm", "line 3: NodeChunks"]
