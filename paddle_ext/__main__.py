@@ -26,16 +26,12 @@ def cmd_patches(args: argparse.Namespace) -> int:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    import paddle
-
     import paddle_ext
     from paddle_ext import compat, cpu_math, zlib_binding
     from paddle_ext.ops import _library
 
     print(f"paddle_ext {paddle_ext.__version__}")
-    supported = "supported" if compat.is_supported() else "NOT a supported release (2.6.2, 3.0-3.3.x)"
-    print(f"Paddle {paddle.__version__} ({compat.device_build()} build, commit "
-          f"{getattr(paddle.version, 'commit', '?')[:12]}): {supported}")
+    print(compat.release_description())
     problems = compat.dependency_problems()
     print("dependencies: " + ("; ".join(f"BROKEN: {p}" for p in problems) if problems else "ok"))
     print(zlib_binding.report())

@@ -21,13 +21,41 @@ import subprocess
 import sys
 import warnings
 
-from paddle_ext import compat
+from paddle_ext import paddle_files
 
 MKL_VARIABLE = "MKL_DEBUG_CPU_TYPE"
 AVX2 = "5"
 SWITCH = "PADDLE_EXT_MKL_AMD"  # "off": leave MKL's own choice
 PATH_NAMES = {0: "generic (SSE)", 5: "AVX2"}
 MATMUL_SHAPE = (64, 512, 512)
+
+
+def mkl_code_path(decide: bool = True) -> int | None:
+    """The code path Paddle's MKL dispatches to (its mkl_serv_get_cpu_type, numbered as
+    MKL_DEBUG_CPU_TYPE: 0 generic, 5 AVX2 ...). MKL decides at its first computation,
+    from MKL_DEBUG_CPU_TYPE as it is then; decide=True decides now if it has not
+    (argument 1: measured: 0 answers -1 while undecided), decide=False answers None
+    then. None too without that MKL, or before `import paddle` loaded it (it needs
+    the libiomp5 that Paddle loads first)."""
+    import ctypes
+
+    path = paddle_files.mkl_library_path()
+    fn = getattr(ctypes.CDLL(path), "mkl_serv_get_cpu_type", None) if path and mkl_loaded() else None
+    if fn is None:
+        return None
+    fn.argtypes, fn.restype = [ctypes.c_int], ctypes.c_int
+    code = int(fn(1 if decide else 0))
+    return None if code < 0 else code
+
+
+def mkl_loaded() -> bool:
+    """Whether this process has loaded Paddle's MKL (an `import paddle` does)."""
+    try:
+        with open("/proc/self/maps") as f:
+            return "libmklml_intel.so" in f.read()
+    except OSError:
+        return False
+
 
 # What import paddle_ext did about MKL's path, for the doctor.
 decision = ""
@@ -79,7 +107,7 @@ def prefer_avx2_path() -> str:
         return f"MKL's own choice ({SWITCH}=off)"
     os.environ[MKL_VARIABLE] = AVX2
     said = f"{MKL_VARIABLE}={AVX2} set by paddle_ext (AMD CPU with AVX2 and FMA)"
-    decided = compat.mkl_code_path(decide=False) if compat.mkl_loaded() else None
+    decided = mkl_code_path(decide=False) if mkl_loaded() else None
     if decided is not None and decided != int(AVX2):
         warnings.warn(
             "paddle_ext: Paddle's MKL already chose its generic code path (a Paddle computation "
@@ -105,10 +133,10 @@ def describe() -> str:
     """One line: the CPU and the path Paddle's MKL takes (read from MKL once Paddle loaded
     it, at its first computation; before that, the path it will take)."""
     vendor, model, _ = cpu()
-    code = compat.mkl_code_path()
+    code = mkl_code_path()
     if code is not None:
         path = path_name(code)
-    elif compat.mkl_library_path() is None:
+    elif paddle_files.mkl_library_path() is None:
         path = "none (this Paddle ships no MKL)"
     else:
         path = f"{expected_path()}, once Paddle loads MKL at its first computation"
@@ -136,7 +164,7 @@ def matmul_gflops(repeats: int = 50) -> float:
     return 2 * m * k * n / statistics.median(samples) / 1e9
 
 
-CHILD = "from paddle_ext import cpu_math; import sys; print(cpu_math.matmul_gflops(), cpu_math.compat.mkl_code_path())"
+CHILD = "from paddle_ext import cpu_math; import sys; print(cpu_math.matmul_gflops(), cpu_math.mkl_code_path())"
 
 
 def gflops_in_child(mkl_type: str | None) -> tuple[float, int | None]:
@@ -167,10 +195,10 @@ def report() -> list[str]:
 
 
 def _mkl_report() -> list[str]:
-    if compat.mkl_library_path() is None:
+    if paddle_files.mkl_library_path() is None:
         return [describe()]
     here = matmul_gflops()  # Paddle loads MKL here, and MKL chooses its path
-    code = compat.mkl_code_path()
+    code = mkl_code_path()
     lines = [describe()]
     shape = "x".join(map(str, MATMUL_SHAPE))
     lines.append(f"  float32 matmul {shape}: {here:.1f} GFLOP/s on this path")

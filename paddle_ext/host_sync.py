@@ -18,21 +18,21 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from paddle_ext import compat
+from paddle_ext import devices
 
 
 def names_host(device: Any) -> bool:
     """Whether `device`, as paddle.device.synchronize reads it (None: the current
     expected place, a string such as "cpu", or a place), is the CPU."""
     if device is None:
-        place = compat.current_expected_place()
+        place = devices.current_expected_place()
     elif isinstance(device, str):
         if device.strip().lower() != "cpu":
             return False
-        place = compat.place_from_string(device)
+        place = devices.place_from_string(device)
     else:
         place = device
-    return compat.is_cpu_place(place)
+    return devices.is_cpu_place(place)
 
 
 def host_aware(original: Callable[..., Any], *, explicit_host: bool) -> Callable[..., None]:

@@ -33,7 +33,7 @@ import ctypes
 import os
 from dataclasses import dataclass
 
-from paddle_ext import _elf, compat
+from paddle_ext import _elf, compat, paddle_files
 
 SWITCH = "PADDLE_EXT_ZLIB"  # "off": leave libz.so.1's bindings as the loader made them
 SONAME = "libz.so.1"
@@ -103,7 +103,7 @@ def foreign_bindings() -> list[Binding]:
 
 def into_paddle(bindings: list[Binding]) -> list[Binding]:
     """Those bindings that land in Paddle's core library."""
-    core = compat.paddle_core_library()
+    core = paddle_files.paddle_core_library()
     return [b for b in bindings if core is not None and _same_file(b.target, core)]
 
 
@@ -178,7 +178,7 @@ def _switched_off() -> bool:
 
 
 def _core_loaded() -> bool:
-    core = compat.paddle_core_library()
+    core = paddle_files.paddle_core_library()
     if core is None:
         return False
     core = os.path.realpath(core)

@@ -147,7 +147,7 @@ def test_negative_id_with_negative_vocab_size_raises_as_paddles_gpu_kernel(clean
     """Paddle's GPU kernel (paddle/phi/kernels/gpu/c_embedding_kernel.cu, CEmbedding) enforces
     `id >= 0 && (vocab_size < 0 || id < vocab_size)`: a negative id fails whatever vocab_size;
     its CPU kernel gives zeros there (the reference is the GPU kernel's)."""
-    from paddle_ext import compat
+    from paddle_ext import upstream
 
     table = paddle.to_tensor(np.arange(10, dtype="float32").reshape(5, 2))
     ids = paddle.to_tensor(np.array([[1, 4], [-3, 2]], dtype=id_dtype))
@@ -157,7 +157,7 @@ def test_negative_id_with_negative_vocab_size_raises_as_paddles_gpu_kernel(clean
         ops.c_embedding(table, ids, vocab_size=vocab_size)
 
     def lookup():
-        return compat.mp_ops_module()._c_lookup_table(table, ids, start_index=0, vocab_size=vocab_size)
+        return upstream.mp_ops_module()._c_lookup_table(table, ids, start_index=0, vocab_size=vocab_size)
 
     np.testing.assert_array_equal(lookup().numpy(), [[[2, 3], [8, 9]], [[0, 0], [4, 5]]])  # stock CPU: zeros
     clean_series.enable()
@@ -245,10 +245,10 @@ def _table(rng, shape, dtype):
 
 def _lookup_and_grad(table, ids, out_grad, start, vocab):
     """Through fleet's name, mp_ops._c_lookup_table (patched or stock)."""
-    from paddle_ext import compat
+    from paddle_ext import upstream
 
     weight = paddle.to_tensor(table, stop_gradient=False)
-    out = compat.mp_ops_module()._c_lookup_table(weight, paddle.to_tensor(ids), start_index=start,
+    out = upstream.mp_ops_module()._c_lookup_table(weight, paddle.to_tensor(ids), start_index=start,
                                                  vocab_size=vocab)
     out.backward(paddle.to_tensor(out_grad))
     return out.numpy(), weight.grad.numpy()
@@ -307,17 +307,17 @@ def test_float16_lookup_equals_stock_paddle(clean_series):
     rng = np.random.default_rng(12)
     table = _table(rng, (9, 6), "float16")
     ids = paddle.to_tensor(np.array([[3, 3, 17, 5], [5, 9, 3, 11]], dtype="int64"))
-    lookup = lambda: compat_lookup()(paddle.to_tensor(table), ids, start_index=3, vocab_size=20)  # noqa: E731
+    lookup = lambda: fleet_lookup()(paddle.to_tensor(table), ids, start_index=3, vocab_size=20)  # noqa: E731
     stock = lookup().numpy()
     clean_series.enable()
     ours = lookup().numpy()
     assert ours.dtype == np.float16 and ours.tobytes() == stock.tobytes()
 
 
-def compat_lookup():
-    from paddle_ext import compat
+def fleet_lookup():
+    from paddle_ext import upstream
 
-    return compat.mp_ops_module()._c_lookup_table
+    return upstream.mp_ops_module()._c_lookup_table
 
 
 @pytest.mark.parametrize("dtype", ["float64", "complex64", "complex128", "bfloat16", "float16"])
@@ -353,7 +353,7 @@ def test_wide_dtypes_threaded_path_matches_reference(dtype):
 def test_a_table_without_rows_or_columns_is_refused_as_paddle_refuses_it(shape, ids, clean_series):
     """Paddle's shape inference (CEmbeddingInferMeta, paddle/phi/infermeta/binary.cc) enforces
     height > 0 && width > 0 with InvalidArgument (ValueError), on every device."""
-    from paddle_ext import compat
+    from paddle_ext import upstream
     from paddle_ext.ops._checks import InvalidArgumentError
 
     weight = paddle.zeros(list(shape))
@@ -361,7 +361,7 @@ def test_a_table_without_rows_or_columns_is_refused_as_paddle_refuses_it(shape, 
     pattern = rf"weight must have rows >= 1 and columns >= 1 .*got shape \[{shape[0]}, {shape[1]}\]"
     with pytest.raises(InvalidArgumentError, match=pattern):
         ops.c_embedding(weight, id_tensor, vocab_size=10)
-    lookup = lambda: compat.mp_ops_module()._c_lookup_table(weight, id_tensor, start_index=0)  # noqa: E731
+    lookup = lambda: upstream.mp_ops_module()._c_lookup_table(weight, id_tensor, start_index=0)  # noqa: E731
     with pytest.raises(ValueError, match=r"height:\d+ width:\d+ start_index:0"):
         lookup()  # stock Paddle
     clean_series.enable()

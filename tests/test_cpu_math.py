@@ -12,10 +12,10 @@ import sys
 import numpy as np
 import pytest
 
-from paddle_ext import compat, cpu_math
+from paddle_ext import cpu_math, paddle_files
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-needs_mkl = pytest.mark.skipif(compat.mkl_library_path() is None, reason="this Paddle ships no MKL")
+needs_mkl = pytest.mark.skipif(paddle_files.mkl_library_path() is None, reason="this Paddle ships no MKL")
 needs_amd_avx2 = pytest.mark.skipif(not cpu_math.wants_avx2_path(), reason="not an AMD CPU with AVX2+FMA")
 
 # A matmul in a fresh interpreter: the operands come from a seed, the product back as JSON.
@@ -28,11 +28,11 @@ import paddle
 if sys.argv[1] == "paddle_first":
     paddle.matmul(paddle.ones([2, 2]), paddle.ones([2, 2]))  # MKL chooses here
     import paddle_ext
-from paddle_ext import compat, cpu_math
+from paddle_ext import cpu_math
 rng = np.random.default_rng(7)
 a, b = rng.standard_normal((64, 512), dtype=np.float32), rng.standard_normal((512, 96), dtype=np.float32)
 out = paddle.matmul(paddle.to_tensor(a), paddle.to_tensor(b)).numpy()
-print(json.dumps({"path": compat.mkl_code_path(), "env": cpu_math.os.environ.get("MKL_DEBUG_CPU_TYPE"),
+print(json.dumps({"path": cpu_math.mkl_code_path(), "env": cpu_math.os.environ.get("MKL_DEBUG_CPU_TYPE"),
                   "decision": cpu_math.decision, "out": out.tolist()}))
 """
 

@@ -244,7 +244,7 @@ def test_stream_worker_orders_with_events_on_its_own_stream(monkeypatch):
     stream waits for an event recorded on the compute stream, the collective runs under
     the stream guard, a `done` event is recorded after it, `after` makes this stream wait
     for the other ticket's `done`, and wait_all makes the compute stream wait for all."""
-    from paddle_ext import compat
+    from paddle_ext import devices
     from paddle_ext.comm.collectives import StreamWorker
 
     log = []
@@ -278,9 +278,9 @@ def test_stream_worker_orders_with_events_on_its_own_stream(monkeypatch):
             current.pop()
 
     streams = iter([Stream("comm-sharding"), Stream("comm-dp")])
-    monkeypatch.setattr(compat, "new_stream", lambda: next(streams))
-    monkeypatch.setattr(compat, "current_stream", lambda: current[-1])
-    monkeypatch.setattr(compat, "stream_guard", Guard)
+    monkeypatch.setattr(devices, "new_stream", lambda: next(streams))
+    monkeypatch.setattr(devices, "current_stream", lambda: current[-1])
+    monkeypatch.setattr(devices, "stream_guard", Guard)
     sharding, dp = StreamWorker("sharding", Event), StreamWorker("dp", Event)
     first = sharding.submit("b0", lambda: log.append(("reduce", current[-1].name)))
     dp.submit("b0", lambda: log.append(("all_reduce", current[-1].name)), after=first)

@@ -147,7 +147,9 @@ def _rope():
 
 
 def _lookup():
-    return paddle_ext.compat.mp_ops_module()._c_lookup_table
+    from paddle_ext import upstream
+
+    return upstream.mp_ops_module()._c_lookup_table
 
 
 # Calls through Paddle's own names (looked up at call time, so the patched or the

@@ -301,14 +301,14 @@ def test_3x_keys_as_attributes_of_pp_configs_read_back_and_reach_the_engine_as_t
 
 def test_3x_keys_as_attributes_reach_fleets_copy_of_the_strategy_through_fleet_init():
     """fleet.init itself (one process, no pipeline): the strategy it keeps is its deep copy."""
-    from paddle_ext import compat
+    from paddle_ext import upstream
 
     strategy = fleet.DistributedStrategy()
     strategy.hybrid_configs = {"dp_degree": 1, "mp_degree": 1, "pp_degree": 1}
     for key in PP_CONFIG_DEFAULTS:
         setattr(strategy.hybrid_configs["pp_configs"], key, _non_default(key))
     fleet.init(is_collective=True, strategy=strategy)
-    kept = compat.fleet_strategy()
+    kept = upstream.fleet_strategy()
     assert kept is not strategy
     for key in PP_CONFIG_DEFAULTS:
         assert pp_config(kept, key) == getattr(kept.hybrid_configs["pp_configs"], key) == _non_default(key), key

@@ -5,10 +5,10 @@ import paddle
 import pytest
 
 import paddle_ext
-from paddle_ext import compat
+from paddle_ext import devices
 from paddle_ext.patches import device_synchronize
 
-pytestmark = [pytest.mark.skipif(compat.device_build() != "cpu", reason="the unit applies to CPU builds only"),
+pytestmark = [pytest.mark.skipif(devices.device_build() != "cpu", reason="the unit applies to CPU builds only"),
               pytest.mark.usefixtures("clean_series")]
 
 
@@ -31,7 +31,7 @@ def test_stock_paddle_refuses_the_host():
 @pytest.mark.parametrize("device", [None, "cpu", "CPU", paddle.CPUPlace(), "current-place-object"])
 def test_device_synchronize_returns_for_the_host(device):
     if device == "current-place-object":
-        device = compat.current_expected_place()
+        device = devices.current_expected_place()
     paddle_ext.enable()
     x = paddle.ones([4]) * 3  # work issued just before
     assert paddle.device.synchronize(device) is None

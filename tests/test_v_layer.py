@@ -3,7 +3,7 @@ refusals naming their argument (the layers themselves: tests/multiproc/test_vsha
 
 import pytest
 
-from paddle_ext import compat
+from paddle_ext import compat, upstream
 from paddle_ext.pipeline.v_layer import (
     local_shared_layer_desc_class,
     v_pipeline_layer,
@@ -25,13 +25,13 @@ def test_stage_out_of_range_is_refused_naming_it():
 def test_v_segmented_takes_only_pipeline_layer_classes():
     with pytest.raises(TypeError, match="v_segmented: cls = <class 'int'> is not a PipelineLayer subclass"):
         v_segmented(int)
-    class MyPipe(compat.pipeline_layer_class()):
+    class MyPipe(upstream.pipeline_layer_class()):
         pass
 
     made = v_segmented(MyPipe)
     assert made.__name__ == "MyPipeV" and issubclass(made, MyPipe) and made._paddle_ext_v
-    assert made.__mro__.index(v_segmented(compat.pipeline_layer_class())) < made.__mro__.index(
-        compat.pipeline_layer_class())  # the V's segmentation comes before Paddle's
+    assert made.__mro__.index(v_segmented(upstream.pipeline_layer_class())) < made.__mro__.index(
+        upstream.pipeline_layer_class())  # the V's segmentation comes before Paddle's
     assert v_segmented(made) is made
 
 

@@ -35,6 +35,8 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from paddle_ext import devices
+
 __all__ = ["CollectiveError", "InlineWorker", "StreamWorker", "ThreadWorker", "Ticket", "make_worker"]
 
 _POLL = 0.05  # seconds between checks for an abort while waiting on another ticket
@@ -202,20 +204,16 @@ class StreamWorker(_Worker):
 
     def __init__(self, name: str, make_event: Callable[[], Any], clock: Callable[[], float] = time.time) -> None:
         super().__init__(name, clock)
-        from paddle_ext import compat
-
         self._make_event = make_event
-        self.stream = compat.new_stream()
+        self.stream = devices.new_stream()
 
     def _enqueue(self, ticket: Ticket) -> None:
-        from paddle_ext import compat
-
         ready = self._make_event()
-        ready.record(compat.current_stream())
+        ready.record(devices.current_stream())
         ready.wait(self.stream)
         if ticket.after is not None and ticket.after.device_event is not None:
             ticket.after.device_event.wait(self.stream)
-        with compat.stream_guard(self.stream):
+        with devices.stream_guard(self.stream):
             self._run(ticket)  # the collective runs on self.stream (use_calc_stream)
         done = self._make_event()
         done.record(self.stream)
@@ -226,10 +224,8 @@ class StreamWorker(_Worker):
 
     def wait_all(self) -> None:
         """The compute stream waits (on the device) for every collective issued."""
-        from paddle_ext import compat
-
         super().wait_all()
-        stream = compat.current_stream()
+        stream = devices.current_stream()
         for ticket in self.tickets:
             if ticket.device_event is not None:
                 ticket.device_event.wait(stream)
@@ -249,8 +245,6 @@ def device_event(enable_timing: bool = False) -> Any:
     """A device event with record(stream) / wait(stream) over Paddle streams:
     paddle_ext's runtime Event (timing-free unless asked) where its native library
     has a GPU backend, else Paddle's own event created with the same enable_timing."""
-    from paddle_ext import compat
-
     try:
         from paddle_ext.runtime.event import Event, native
 
@@ -260,7 +254,7 @@ def device_event(enable_timing: bool = False) -> Any:
         backend = ""
     if backend:
         return _RuntimeEvent(Event(backend, enable_timing=enable_timing))
-    return compat.paddle_device_event(enable_timing)
+    return devices.paddle_device_event(enable_timing)
 
 
 class _RuntimeEvent:
@@ -268,11 +262,7 @@ class _RuntimeEvent:
         self.event = event
 
     def record(self, stream: Any) -> None:
-        from paddle_ext import compat
-
-        self.event.record(compat.raw_stream(stream))
+        self.event.record(devices.raw_stream(stream))
 
     def wait(self, stream: Any) -> None:
-        from paddle_ext import compat
-
-        self.event.wait(compat.raw_stream(stream))
+        self.event.wait(devices.raw_stream(stream))

@@ -84,14 +84,14 @@ def start_watchdog(store: Any = None) -> Optional[watchdog.Watchdog]:
     """Starts this rank's watchdog when the settings ask for it and the job has more
     than one rank (collective: every rank calls it). Also arranges the chrome trace
     at exit when comm.trace_dir is set."""
-    from paddle_ext import compat
+    from paddle_ext import upstream
 
     s = settings()
-    env = compat.parallel_env_class()()
+    env = upstream.parallel_env_class()()
     rank, world = int(env.rank), int(env.world_size)
     if s.trace_dir:
         atexit.register(_write_trace_at_exit, s.trace_dir, rank)
-    store = store if store is not None else compat.job_store()
+    store = store if store is not None else upstream.job_store()
     if not s.watchdog or world < 2 or store is None:
         return None
     return watchdog.start(store, rank, world, tracer(), s.hang_timeout,

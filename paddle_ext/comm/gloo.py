@@ -12,7 +12,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from paddle_ext.comm.store_sockets import nodelay_meanwhile, publish_once_listening
+from paddle_ext.comm.store_sockets import current_host, nodelay_meanwhile, publish_once_listening
 
 
 def all_reduce_on_calc_stream(self: Any, tensor: Any, op: Any = None) -> Any:
@@ -75,9 +75,9 @@ def cpu_c_concat(original: Callable[..., Any]) -> Callable[..., Any]:
     def c_concat(tensor: Any, rank: int, nranks: int, ring_id: int, *args: Any, **kwargs: Any) -> Any:
         if not tensor.place.is_cpu_place():
             return original(tensor, rank, nranks, ring_id, *args, **kwargs)
-        from paddle_ext import compat
+        from paddle_ext import upstream
 
-        group = compat.group_map().get(int(ring_id))
+        group = upstream.group_map().get(int(ring_id))
         if group is None:
             raise ValueError(f"c_concat: ring_id = {ring_id} names no process group")
         return _cpu_concat_class().apply(tensor, group, int(rank), int(nranks))
@@ -195,9 +195,7 @@ def _group_store(job_store: Any, group_id: int, rank: int, size: int) -> Any:
     key = f"paddle_ext/gloo_group_store/{group_id}"
     timeout = int(os.getenv("FLAGS_stop_check_timeout", "900"))
     if rank == 0:
-        from paddle_ext import compat
-
-        host = compat.current_host()
+        host = current_host()
         # The port stays bound (SO_REUSEADDR, never listening) until the store
         # listens on it: Paddle's server binds with SO_REUSEADDR too, while any
         # other bind, a port-0 one included, is refused meanwhile. Closed first,
@@ -228,13 +226,13 @@ def groups_made_without_private_stores() -> list[int]:
     through Paddle's own rendezvous (the unprefixed keys in the job store), i.e.
     made before the plugin was enabled. Such groups may be wired to the wrong
     peers or have failed ("Connection refused") at 4 or more ranks."""
-    from paddle_ext import compat
+    from paddle_ext import upstream
 
-    cls = compat.gloo_process_group_class()
+    cls = upstream.gloo_process_group_class()
     if cls is None:
         return []
     made = []
-    for gid, group in compat.group_map().items():
+    for gid, group in upstream.group_map().items():
         pg = getattr(group, "process_group", None)
         if gid != 0 and gid not in _GROUP_STORES and isinstance(pg, cls) and group.nranks > 1:
             made.append(gid)

@@ -31,7 +31,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
-from paddle_ext import compat
+from paddle_ext import upstream
 from paddle_ext.comm.gloo_exchange import agree_on_arguments
 
 OP = "c_softmax_with_cross_entropy"
@@ -66,7 +66,7 @@ def parallel_softmax_cross_entropy(logits: Any, label: Any, ignore_index: int, r
                                    nranks: int) -> tuple[Any, Any]:
     """(softmax, loss) of logits split over the classes across the group `ring_id` names,
     this rank holding the rank-th slice; label has logits' shape with a last dim of 1."""
-    group = compat.group_map().get(int(ring_id))
+    group = upstream.group_map().get(int(ring_id))
     if group is None:
         raise ValueError(f"{OP}: ring_id = {ring_id} names no process group")
     error, problem = _argument_problem(logits, label, int(ignore_index), group, int(rank), int(nranks))

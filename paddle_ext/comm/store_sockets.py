@@ -47,6 +47,13 @@ _LISTEN = "0A"  # the kernel's TCP_LISTEN, as /proc/net/tcp writes a socket's st
 _LOOPBACK = {"127.0.0.1", "localhost", "::1", "0.0.0.0", ""}
 
 
+def current_host() -> str:
+    """This rank's host as the launcher gave it (PADDLE_CURRENT_ENDPOINT), else loopback."""
+    import os
+
+    return os.getenv("PADDLE_CURRENT_ENDPOINT", "127.0.0.1:0").rsplit(":", 1)[0] or "127.0.0.1"
+
+
 def set_nodelay_on_port(port: int) -> int:
     """TCP_NODELAY on every TCP socket of this process whose local or peer port is `port`
     and which does not have it yet; returns how many it set (0 where /proc is absent)."""
@@ -145,9 +152,7 @@ def wait_until_listening(host: str, port: int, timeout: float) -> bool:
     (loopback, or this rank's host as the launcher gave it), a socket of this machine
     listening on `port` in the kernel's table; on another host, a plain connection that it
     accepts (closed at once), tried every few milliseconds while refused."""
-    from paddle_ext import compat
-
-    local = host in _LOOPBACK or host == compat.current_host()
+    local = host in _LOOPBACK or host == current_host()
     deadline = time.monotonic() + timeout
     pause = 0.001
     while not (_listening(port) if local else _accepts(host, port, deadline)):

@@ -131,9 +131,9 @@ class CommTracer:
     def _refresh_groups(self) -> None:
         if "paddle.distributed.collective" not in sys.modules:
             return  # no group exists yet, and importing it here would take seconds
-        from paddle_ext import compat
+        from paddle_ext import upstream
 
-        for gid, group in compat.group_map().items():
+        for gid, group in upstream.group_map().items():
             pg = getattr(group, "process_group", None)
             if pg is not None:
                 ranks = tuple(int(r) for r in group.ranks)
@@ -368,9 +368,9 @@ def chrome_trace(records: Iterable[CommRecord], compute_spans: Iterable[tuple] =
 def write_chrome_trace(path: str, compute_spans: Iterable[tuple] = (), rank: Optional[int] = None) -> str:
     """Writes this rank's trace (its ring and `compute_spans`) as a chrome trace file."""
     if rank is None:
-        from paddle_ext import compat
+        from paddle_ext import upstream
 
-        rank = compat.global_rank()
+        rank = upstream.global_rank()
     t = _TRACER
     t._refresh_groups()
     events = chrome_trace(list(t.records), compute_spans, rank, t.groups)

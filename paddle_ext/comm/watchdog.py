@@ -51,8 +51,8 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from paddle_ext import compat
 from paddle_ext.comm import report
+from paddle_ext.comm.store_sockets import current_host
 from paddle_ext.comm.trace import CommRecord, CommTracer
 
 __all__ = ["EXIT_HANG", "EXIT_PEER", "Hub", "Watchdog", "running", "start"]
@@ -374,7 +374,7 @@ class Watchdog(threading.Thread):
             self._check_progress()
 
     def _hello(self) -> dict:
-        return {"t": "hello", "rank": self.rank, "pid": os.getpid(), "host": compat.current_host(),
+        return {"t": "hello", "rank": self.rank, "pid": os.getpid(), "host": current_host(),
                 "hostname": socket.gethostname()}
 
     def _hub_lost(self, why: str, short: str) -> None:
@@ -474,7 +474,7 @@ def start(store: Any, rank: int, world_size: int, tracer: CommTracer, hang_timeo
     grace = grace if grace is not None else min(10.0, max(2.0, hang_timeout / 4 if hang_timeout else 5.0))
     if rank == 0:
         hub = Hub(world_size, grace, heartbeat_timeout=heartbeat_timeout)
-        store.set(_STORE_KEY, f"{compat.current_host()}:{hub.port}")
+        store.set(_STORE_KEY, f"{current_host()}:{hub.port}")
         hub.start()
         _STATE["hub"] = hub
     elif hasattr(store, "wait"):

@@ -51,6 +51,24 @@ def is_supported(version: tuple[int, int, int] | None = None) -> bool:
     return v[:2] in SUPPORTED or v == DEVELOP
 
 
+def is_running_release(version: str) -> bool:
+    """Whether `version` (a Paddle __version__ recorded elsewhere, such as the op library's
+    build info) names the running Paddle exactly: a library built against another release
+    (even a patch release) may not load, or may misbehave, against this one."""
+    return version == version_string()
+
+
+def release_description() -> str:
+    """The running Paddle as the doctor shows it: release, build, commit, whether supported."""
+    import paddle
+
+    from paddle_ext import devices
+
+    supported = "supported" if is_supported() else "NOT a supported release (2.6.2, 3.0-3.3.x)"
+    commit = getattr(paddle.version, "commit", "?")[:12]
+    return f"Paddle {version_string()} ({devices.device_build()} build, commit {commit}): {supported}"
+
+
 def dependency_problems() -> list[str]:
     """What the installed packages break in this Paddle release (paddle_ext._requirements:
     the pins setup.py sets at install, which a later pip install can lift)."""

@@ -33,9 +33,9 @@ def dtype_name(tensor: Any) -> str:
 
 def require_tensor(name: str, value: Any) -> None:
     """value must be a Tensor (or, while a static program is built, one of its variables)."""
-    from paddle_ext import compat
+    from paddle_ext.ops import _modes
 
-    if not compat.is_tensor(value):
+    if not _modes.is_tensor(value):
         raise ArgumentTypeError(f"{name} must be a paddle.Tensor, got {type(value).__name__}")
 
 
@@ -60,9 +60,9 @@ def require_same_dtype(name: str, tensor: Any, other_name: str, other: Any) -> N
 def same_place(a: Any, b: Any) -> bool:
     """Whether two tensors are on the same device; always True for a static
     program's variables, whose place is the executor's."""
-    from paddle_ext import compat
+    from paddle_ext.ops import _modes
 
-    if not compat.in_dynamic_mode():
+    if not _modes.in_dynamic_mode():
         return True
     return str(a.place) == str(b.place)
 
@@ -89,3 +89,19 @@ def require_int(name: str, value: Any, *, low: int | None = None, high: int | No
         hi = "inf" if high is None else str(high)
         extra = f" or one of {list(also)}" if also else ""
         raise InvalidArgumentError(f"{name} must be in [{lo}, {hi}]{extra}, got {value}")
+
+
+def cpu_kernel_dtypes(kernel: str) -> frozenset[str]:
+    """The dtypes phi's kernel registry has a CPU kernel of `kernel` for ("float32", ...),
+    read without running anything: both releases keep the registry as strings such as
+    "(CPU, Undefined(AnyLayout), float32)". A kernel that crashes this CPU (built for an
+    instruction set it lacks) can be told from a missing one only this way."""
+    from paddle.base import core
+
+    entries = core._get_registered_phi_kernels("function").get(kernel) or []
+    dtypes = set()
+    for entry in entries:
+        parts = [p.strip() for p in entry.strip("()").split(",")]
+        if parts and parts[0] == "CPU":
+            dtypes.add(parts[-1])
+    return frozenset(dtypes)

@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 from paddle_ext import compat
+from paddle_ext.ops import _modes
 from paddle_ext.ops._checks import InvalidArgumentError
 
 LIB_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "lib")
@@ -32,6 +33,18 @@ def build_info() -> dict[str, Any] | None:
         return json.load(f)
 
 
+def register_custom_op_library(path: str) -> None:
+    """Registers the custom ops of the library at `path` with Paddle (the same loader in
+    2.6.2 and 3.x)."""
+    import warnings
+
+    with warnings.catch_warnings():  # importing cpp_extension warns that ccache is missing
+        warnings.simplefilter("ignore")
+        from paddle.utils.cpp_extension.extension_utils import load_op_meta_info_and_register_op
+
+    load_op_meta_info_and_register_op(path)
+
+
 @functools.cache
 def load() -> ctypes.CDLL:
     """Registers the library's ops with Paddle (once) and returns its C handle."""
@@ -40,13 +53,13 @@ def load() -> ctypes.CDLL:
         raise OpLibraryError(
             f"paddle_ext's op library is not built ({LIBRARY} is missing): "
             "reinstall paddle-ext with `pip install .` in an environment that has Paddle")
-    built_for, running = info["paddle_version"], compat.version_string()
-    if built_for != running:
+    built_for = info["paddle_version"]
+    if not compat.is_running_release(built_for):
         raise OpLibraryError(
             f"paddle_ext's op library was built against Paddle {built_for}, but Paddle "
-            f"{running} is installed: reinstall paddle-ext (pip install --force-reinstall "
+            f"{compat.version_string()} is installed: reinstall paddle-ext (pip install --force-reinstall "
             "--no-deps paddle-ext, or `pip install .` in its source tree)")
-    compat.register_custom_op_library(LIBRARY)
+    register_custom_op_library(LIBRARY)
     # The same path gives the same handle: its C settings are the ones the ops use.
     return ctypes.CDLL(LIBRARY)
 
@@ -68,7 +81,7 @@ def unavailable(ops: tuple[str, ...]) -> str | None:
 def run(op_name: str, *args: Any) -> list:
     """Runs a registered op eagerly, or adds it to the static program being built."""
     load()
-    return compat.run_custom_op_any_mode(op_name, *args)
+    return _modes.run_custom_op_any_mode(op_name, *args)
 
 
 @functools.cache

@@ -56,8 +56,7 @@ import functools
 import os
 import re
 
-from paddle_ext import compat
-from paddle_ext.ops import _library
+from paddle_ext.ops import _library, _modes
 from paddle_ext.ops._checks import (
     ArgumentTypeError,
     InvalidArgumentError,
@@ -140,9 +139,9 @@ def _check_qkv(query, key, value, rank: int) -> None:
 def _on_gpu(t) -> bool:
     """Whether a tensor is on a GPU; a static program's variable is not known to be
     (the plugin's ops serve static programs on CPU builds only)."""
-    from paddle_ext import compat
+    from paddle_ext.ops import _modes
 
-    return compat.in_dynamic_mode() and "cpu" not in str(t.place).lower()
+    return _modes.in_dynamic_mode() and "cpu" not in str(t.place).lower()
 
 
 def _bottom_right(causal_alignment) -> bool:
@@ -278,7 +277,7 @@ def flash_attention(query, key, value, dropout=0.0, causal=False, return_softmax
         out, softmax = native[0](query, key, value, dropout, causal, return_softmax,
                                  fixed_seed_offset=fixed_seed_offset, rng_name=rng_name, training=training)
         return out, softmax
-    query, key, value = compat.legacy_static_grad_inputs(*(_contiguous(t) for t in (query, key, value)))
+    query, key, value = _modes.legacy_static_grad_inputs(*(_contiguous(t) for t in (query, key, value)))
     out, softmax, lse, seed_offset = _run(
         "pe_flash_attn", query, key, value, fixed_seed_offset, scale, dropout, causal, return_softmax,
         not training, rng_name, bottom_right)
@@ -340,7 +339,7 @@ def flash_attn_unpadded(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqle
     if native is not None:
         return native[1](query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
                          dropout, causal, return_softmax, fixed_seed_offset, rng_name, training)
-    query, key, value = compat.legacy_static_grad_inputs(*(_contiguous(t) for t in (query, key, value)))
+    query, key, value = _modes.legacy_static_grad_inputs(*(_contiguous(t) for t in (query, key, value)))
     out, softmax, lse, seed_offset = _run(
         "pe_flash_attn_varlen", query, key, value, cu_seqlens_q, cu_seqlens_k, fixed_seed_offset,
         max_seqlen_q, max_seqlen_k, scale, dropout, causal, return_softmax, not training, rng_name, bottom_right)

@@ -131,7 +131,7 @@ def _padded_segments(which: str, cu_seqlens, max_seqlen, total, qkv):
     Paddle ops only, so it also runs in static graphs."""
     import paddle
 
-    from paddle_ext import compat
+    from paddle_ext.ops import _modes
 
     arg = f"cu_seqlens_{which}"
     if isinstance(max_seqlen, bool) or not isinstance(max_seqlen, int):
@@ -142,7 +142,7 @@ def _padded_segments(which: str, cu_seqlens, max_seqlen, total, qkv):
     if cu_seqlens.ndim != 1 or cu_seqlens.shape[0] == 1:
         raise InvalidArgumentError(f"{arg} must be 1-D with batch + 1 >= 2 entries, got shape "
                                    f"{list(cu_seqlens.shape)}")
-    if compat.in_dynamic_mode():
+    if _modes.in_dynamic_mode():
         _check_padded_layout(arg, cu_seqlens.numpy(), max_seqlen, int(total), which)
     cu = cu_seqlens.astype("int64")
     lengths = cu[1:] - cu[:-1]

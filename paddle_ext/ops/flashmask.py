@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from paddle_ext import compat
+from paddle_ext.ops import _modes
 from paddle_ext.ops._checks import InvalidArgumentError, dtype_name, require_tensor
 from paddle_ext.ops.flash_attention import (
     _check_qkv,
@@ -110,7 +110,7 @@ def flashmask_attention(query, key, value, startend_row_indices=None, *, dropout
     else:
         _check_startend(startend_row_indices, query, key, causal)
         query, key, value, startend_row_indices = (_contiguous(t) for t in (query, key, value, startend_row_indices))
-        query, key, value = compat.legacy_static_grad_inputs(query, key, value)
+        query, key, value = _modes.legacy_static_grad_inputs(query, key, value)
         out, _, lse, seed_offset = _run("pe_flashmask_attn", query, key, value, startend_row_indices,
                                         fixed_seed_offset, scale, dropout, causal, not training, rng_name)
     outputs = [out]

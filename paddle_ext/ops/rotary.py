@@ -232,9 +232,9 @@ def _larger_batch_served(q) -> bool:
     dynamic mode, where Paddle has no kernel. A GPU tensor's call is refused, so that
     the patch unit hands it to Paddle's own kernel (which leaves the extra entries
     unwritten); a static program's shapes may not be known."""
-    from paddle_ext import compat
+    from paddle_ext.ops import _modes
 
-    return compat.in_dynamic_mode() and q.place.is_cpu_place()
+    return _modes.in_dynamic_mode() and q.place.is_cpu_place()
 
 
 def _check_table(name, t, q, head_dim):

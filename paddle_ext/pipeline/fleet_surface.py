@@ -26,12 +26,20 @@ from typing import Any
 
 import paddle
 
-from paddle_ext import compat
+from paddle_ext import compat, upstream
 from paddle_ext.errors import InvalidArgumentError
 from paddle_ext.pipeline.grad_sync import split_param_optimizer
 from paddle_ext.pipeline.micro_step_hooks import MicroStepHooks
 
 __all__ = ["CommBufferView", "PipelineParallelSurface", "UnsupportedMember", "adopt_fleet_class", "micro_batch_data"]
+
+
+def _grad_enabled() -> bool:
+    """Whether the dygraph tracer records gradients (paddle.no_grad() switches it off): what
+    Paddle's PipelineParallel asserts before training, read as it reads it."""
+    from paddle.base import framework
+
+    return bool(framework._dygraph_tracer()._has_grad)
 
 
 class UnsupportedMember(AttributeError):
@@ -255,7 +263,7 @@ class PipelineParallelSurface:
 
     def _prepare_training(self, data: Any, optimizer: Any, lr_scheduler: Any) -> Any:
         self.set_virtual_pipeline_rank(0)
-        assert compat.grad_enabled(), "Please enable the generation of gradients."
+        assert _grad_enabled(), "Please enable the generation of gradients."
         if self.is_pipeline_first_stage(ignore_virtual=True) or self.is_pipeline_last_stage(ignore_virtual=True):
             assert data is not None, "For the first and the last stage, the data must be set."
         else:
@@ -344,7 +352,7 @@ def micro_batch_data(data: Any, count: int) -> Any:
 
 @functools.cache
 def _fleet_class(engine_cls: type, interleave: bool) -> type:
-    meta = compat.meta_parallel_module()
+    meta = upstream.meta_parallel_module()
     base = meta.PipelineParallelWithInterleave if interleave else meta.PipelineParallel
     offered = set()
     for cls in engine_cls.__mro__:

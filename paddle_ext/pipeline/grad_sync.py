@@ -69,10 +69,11 @@ import weakref
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional, Sequence
 
-from paddle_ext import compat
+from paddle_ext import compat, devices, upstream
 from paddle_ext.comm import trace
 from paddle_ext.comm.collectives import CollectiveError, make_worker
 from paddle_ext.errors import InvalidArgumentError
+from paddle_ext.pipeline import layer_internals
 from paddle_ext.pipeline.grad_buffers import DEFAULT_BUCKET_BYTES, GradBucket, build_buckets
 
 __all__ = ["ENV_BUCKET_MB", "BucketRecord", "GradReducer", "GradSyncError", "GradSyncSettings", "SyncStats",
@@ -182,7 +183,7 @@ class GradReducer:
         self.sharding_group = hcg.get_sharding_parallel_group() if self.sharding > 1 else None
         self.delay_scale_loss = delay_scale_loss
         self.scale = self._scale_for(microbatches, delay_scale_loss)
-        self.device = compat.tensor_device_kind()
+        self.device = devices.tensor_device_kind()
         overlap = self.overlap
         if overlap and self.device not in ("cpu", "gpu"):
             overlap = False  # no thread or stream path for this device: reduce after the schedule
@@ -241,8 +242,8 @@ class GradReducer:
         return owner_of
 
     def _build(self, optimizer: Any, gradsync_order: Sequence[int]) -> None:
-        chunks = compat.pipeline_model_chunks(self.layers)
-        late_ids = {id(p) for p in compat.pipeline_shared_layer_params(self.layers)}
+        chunks = layer_internals.pipeline_model_chunks(self.layers)
+        late_ids = {id(p) for p in layer_internals.pipeline_shared_layer_params(self.layers)}
         seen: dict[int, int] = {}
         for c, chunk in enumerate(chunks):
             for p in chunk.parameters():
@@ -283,7 +284,7 @@ class GradReducer:
                 # SystemError).
                 if self._error is None:
                     self._error = GradSyncError(
-                        f"rank {compat.global_rank()}: parameter {slot.param.name} received a gradient after "
+                        f"rank {upstream.global_rank()}: parameter {slot.param.name} received a gradient after "
                         f"its {bucket.label} was handed to the dp/sharding collectives: its use changed "
                         "between steps; set GradSyncSettings(early_launch=False) to launch buckets at "
                         "their chunk's GradSync only")
@@ -402,7 +403,7 @@ class GradReducer:
             if self._error is not None:
                 raise self._error
         except CollectiveError as err:
-            raise GradSyncError(f"rank {compat.global_rank()}: gradient reduction failed: {err}") from err
+            raise GradSyncError(f"rank {upstream.global_rank()}: gradient reduction failed: {err}") from err
         finally:
             self._in_step = False
         for b in self.buckets:

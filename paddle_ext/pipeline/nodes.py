@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from paddle_ext import compat
+from paddle_ext.pipeline import layer_internals
 
 _classes = compat.upstream_schedule_node_classes()
 if _classes is None:
@@ -47,19 +48,19 @@ def _node_of(fn: Any, index: int) -> Any:
 
 def build_schedule_nodes(layers: Any, start: int, end: int, chunk_id: Any = None) -> Any:
     """A ScheduleChunk of run-function entries [start, end) of `chunk_id`."""
-    run_function = compat.pipeline_run_function(layers, chunk_id)
+    run_function = layer_internals.pipeline_run_function(layers, chunk_id)
     return ScheduleChunk(nodes=[_node_of(fn, start + i)
                                 for i, fn in enumerate(run_function[start:end])])
 
 
 def schedule_chunk(layers: Any, chunk_id: Any = None) -> Any:
     """The ScheduleChunk of model chunk `chunk_id` (None when the layer has one chunk)."""
-    interval = compat.pipeline_recompute_interval(layers)
+    interval = layer_internals.pipeline_recompute_interval(layers)
     if interval != 0:
         raise ValueError(f"the forward/backward overlap scheduler needs recompute_interval == 0 "
                          f"(the PipelineLayer has {interval}), as upstream: a model that "
                          "recomputes can do so inside its schedule nodes")
-    run_function = compat.pipeline_run_function(layers, chunk_id)
+    run_function = layer_internals.pipeline_run_function(layers, chunk_id)
     return build_schedule_nodes(layers, 0, len(run_function), chunk_id)
 
 

@@ -94,13 +94,13 @@ def gpu_stager(device_id: int, pool: PinnedPool | None = None) -> HostStager:
 
 def default_stager() -> HostStager | None:
     """A GPU stager for Paddle's current device, or None where staging does not apply:
-    a CPU (or XPU) device, or Paddle < 3.0, which cannot share host memory with a
-    tensor without a copy (compat.tensor_sharing_host_memory)."""
+    a CPU (or XPU) device, or a Paddle that cannot share host memory with a tensor
+    without a copy (compat.tensors_share_host_memory: 2.6)."""
     import paddle
 
     from paddle_ext import compat
 
     device = paddle.get_device()
-    if not device.startswith("gpu") or compat.paddle_version() < (3, 0, 0):
+    if not device.startswith("gpu") or not compat.tensors_share_host_memory():
         return None
     return gpu_stager(int(device.partition(":")[2] or 0))

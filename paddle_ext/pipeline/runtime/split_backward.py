@@ -35,7 +35,7 @@ chunk must run in its I order (the schedules do) for the cross-micro-batch sums
 to match B's; `reordered` names the exceptions.
 
 Devices. Linear is captured where F.linear is a matmul then an add (CPU:
-compat.linear_is_matmul_then_add); elsewhere it keeps Paddle's kernel (possibly a
+linear_is_matmul_then_add); elsewhere it keeps Paddle's kernel (possibly a
 fused GEMM with bias) and its gradients come in I. Bitwise equality is tested on
 fp32 CPU.
 
@@ -54,7 +54,7 @@ from typing import Any, Callable, Iterator, Optional, Sequence
 import paddle
 from paddle import _C_ops
 
-from paddle_ext import compat
+from paddle_ext import devices
 
 __all__ = ["WeightGradStore", "SplitStats"]
 
@@ -67,6 +67,14 @@ def _mp_linear_types() -> tuple[type, ...]:
     except ImportError:  # a build without fleet
         return ()
     return tuple(getattr(mp_layers, n) for n in ("ColumnParallelLinear", "RowParallelLinear") if hasattr(mp_layers, n))
+
+
+def linear_is_matmul_then_add() -> bool:
+    """Whether paddle.nn.functional.linear in dygraph computes a matmul, then adds the bias
+    (Paddle's `linear` op on CPU, 2.6 and 3.x; tested bit for bit against a split matmul).
+    On CUDA builds 3.x may run a fused GEMM with the bias in its epilogue (linear_v2,
+    cublasLt), whose rounding a separate matmul and add need not reproduce."""
+    return devices.tensor_device_kind() == "cpu"
 
 
 def _nbytes(t: paddle.Tensor) -> int:
@@ -233,7 +241,7 @@ class WeightGradStore:
             self._hook_native(w)
             return _SplitMatmul.apply(x, _Weight(w), trans_y, store, key)
 
-        split_linear = compat.linear_is_matmul_then_add()  # else Linear keeps Paddle's own kernel
+        split_linear = linear_is_matmul_then_add()  # else Linear keeps Paddle's own kernel
 
         def linear(x: Any, weight: Any, bias: Any = None, name: Any = None) -> Any:
             out = split(x, weight, False) if split_linear else None

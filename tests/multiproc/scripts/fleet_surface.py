@@ -55,7 +55,7 @@ sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
 
 import paddle_ext  # noqa: E402
 from examples.tiny_gpt import batch, pipeline_model  # noqa: E402
-from paddle_ext import compat  # noqa: E402
+from paddle_ext import compat, upstream  # noqa: E402
 from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings  # noqa: E402
 from paddle_ext.pipeline.fleet_surface import UnsupportedMember  # noqa: E402
 from paddle_ext.pipeline.micro_step_hooks import hook_classes  # noqa: E402
@@ -146,7 +146,7 @@ def check_forward_only(hcg, stage):
 
 
 def check_classes(hcg, stage):
-    meta = compat.meta_parallel_module()
+    meta = upstream.meta_parallel_module()
     for vpp in (1, 2):
         paddle.seed(0)
         model = pipeline_model(VOCAB, HIDDEN, SEQ, blocks=PP * vpp, pp=PP, vpp=vpp)
@@ -271,7 +271,7 @@ def check_step_report(hcg, stage, vpp, m):
     assert names[-2:] == ["allreduce_shared_weight_gradients", "broadcast_final_loss"], names
     assert [item.rsplit(": ", 1)[0] for item in lines[1].split(" | ")[1:]] == names, lines
 
-    path = f"profile_record_tmp_file_for_rank_{compat.global_rank()}"
+    path = f"profile_record_tmp_file_for_rank_{upstream.global_rank()}"
     with open(path) as f:
         records = [json.loads(line) for line in f]
     assert len(records) == steps * 2 * 2 * vpp * m, len(records)  # F and B of each (chunk, mb), begin and end
