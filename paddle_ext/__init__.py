@@ -39,7 +39,6 @@ def enable(config: Any = None) -> None:
     "paddle_ext" (see paddle_ext.config). Calling it again re-applies the
     configuration: units switched off are reverted, the others stay applied.
     """
-    from paddle_ext import compat
     from paddle_ext import config as config_module
     from paddle_ext.comm import debug
     from paddle_ext.patches import series
@@ -47,7 +46,7 @@ def enable(config: Any = None) -> None:
     debug.configure(config)  # before the units: comm_debug may start the watchdog
     config_module.configure_pp_configs(config)
     s = series()
-    s.apply(config_module.from_source(config, s.names), compat.paddle_version())
+    s.apply(config_module.from_source(config, s.names))
     section = config_module.plugin_section(config)
     if "runtime" in section:
         from paddle_ext import runtime

@@ -40,8 +40,6 @@ from typing import Any, Callable
 
 from paddle_ext.host_checkpoint import cuda_stays_on_host
 
-UNIT_MARK = "__paddle_ext_unit__"
-
 
 class _DeviceView:
     """paddle.device, whose get_all_custom_device_type() also names 'cpu'."""
@@ -92,7 +90,6 @@ def cpu_accepting(function: Callable[..., Any]) -> Callable[..., Any]:
                               function.__closure__)
     copy.__kwdefaults__ = function.__kwdefaults__
     functools.update_wrapper(copy, function)
-    setattr(copy, UNIT_MARK, "host_recompute")
     return copy
 
 
@@ -107,5 +104,4 @@ def host_backward(backward: Callable[..., Any]) -> Callable[..., Any]:
         with cuda_stays_on_host():
             return backward(ctx, *grads)
 
-    setattr(wrapper, UNIT_MARK, "host_recompute")
     return wrapper

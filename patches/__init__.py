@@ -11,6 +11,7 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from paddle_ext import compat
 from paddle_ext.patches._unit import Patcher, PatchUnit
 
 SERIES_FILE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "series")
@@ -61,7 +62,7 @@ class Series:
     def names(self) -> tuple[str, ...]:
         return tuple(s.unit.name for s in self.states)
 
-    def apply(self, config: Any, version: tuple[int, int, int]) -> None:
+    def apply(self, config: Any) -> None:
         """Brings every unit to what `config` asks; idempotent."""
         for state in self.states:
             wanted = config.unit_enabled(state.unit.name)
@@ -71,8 +72,8 @@ class Series:
                 continue
             if state.status == APPLIED:
                 continue
-            if state.unit.native(version):
-                state.status, state.detail = NATIVE, f"Paddle {'.'.join(map(str, version))} ships it"
+            if state.unit.native():
+                state.status, state.detail = NATIVE, f"Paddle {compat.version_string()} ships it"
                 continue
             reason = state.unit.unavailable()
             if reason:
@@ -81,12 +82,29 @@ class Series:
             patcher = Patcher()
             try:
                 state.unit.apply(patcher)
-                if not state.unit.verify():
-                    raise RuntimeError("verify() failed after apply()")
+                problems = state.unit.problems(patcher, self._swaps())
+                if problems:
+                    raise RuntimeError("verify failed after apply(): " + "; ".join(problems))
             except Exception:
                 patcher.revert()
                 raise
             state.patcher, state.status, state.detail = patcher, APPLIED, ""
+
+    def _swaps(self) -> list:
+        return [swap for s in self.states if s.patcher is not None for swap in s.patcher.swaps]
+
+    def verify(self) -> list[str]:
+        """For every applied unit, what no longer holds of what it installed (each
+        problem names the unit and the attribute); empty when every swap holds."""
+        swaps = self._swaps()
+        return [p for s in self.states if s.patcher is not None for p in s.unit.problems(s.patcher, swaps)]
+
+    def installed_by(self, obj: Any) -> str | None:
+        """The name of the applied unit that installed `obj` (a wrapper, a method), or None."""
+        for s in self.states:
+            if s.patcher is not None and any(swap.new is obj for swap in s.patcher.swaps):
+                return s.unit.name
+        return None
 
     def revert(self) -> None:
         for state in reversed(self.states):

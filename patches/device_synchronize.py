@@ -17,35 +17,28 @@ functions before enable() keeps the objects it imported.
 
 from __future__ import annotations
 
-import importlib
+import functools
 
-from paddle_ext import compat
+from paddle_ext import devices
 from paddle_ext.host_sync import host_aware
-from paddle_ext.patches._unit import Patcher, PatchUnit
+from paddle_ext.patches._unit import Patcher, PatchUnit, Wrap, install, resolve
 
-# (module, whether an explicitly named CPU device is answered too)
-TARGETS = (("paddle.device", True), ("paddle.device.cuda", False))
 NAME = "synchronize"
-MARK = "device_synchronize"
+# explicit_host: whether an explicitly named CPU device is answered too
+TABLE = (Wrap("paddle.device", NAME, functools.partial(host_aware, explicit_host=True)),
+         Wrap("paddle.device.cuda", NAME, functools.partial(host_aware, explicit_host=False)))
 
 
 def owners() -> list:
-    return [importlib.import_module(module) for module, _ in TARGETS]
+    return [resolve(row.owner) for row in TABLE]
 
 
 def _apply(patcher: Patcher) -> None:
-    for owner, (_, explicit_host) in zip(owners(), TARGETS):
-        wrapper = host_aware(getattr(owner, NAME), explicit_host=explicit_host)
-        wrapper.__paddle_ext_unit__ = MARK
-        patcher.swap(owner, NAME, wrapper)
-
-
-def _verify() -> bool:
-    return all(getattr(getattr(owner, NAME), "__paddle_ext_unit__", None) == MARK for owner in owners())
+    install(patcher, TABLE)
 
 
 def _unavailable() -> str | None:
-    build = compat.device_build()
+    build = devices.device_build()
     if build != "cpu":
         return f"a {build} build: Paddle's own synchronize serves it"
     return None
@@ -57,6 +50,5 @@ UNIT = PatchUnit(
     title="device synchronize on the host",
     summary="paddle.device.synchronize() and paddle.device.cuda.synchronize() return for the CPU on CPU builds",
     apply=_apply,
-    verify=_verify,
-    unavailable=_unavailable,
+    requires=_unavailable,
 )

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 
-from paddle_ext import compat
+from paddle_ext import upstream
 from paddle_ext.comm import eager
 from paddle_ext.patches._unit import Patcher, PatchUnit
 
@@ -26,11 +26,9 @@ def _connecting_init(original):
         original(self, *args, **kwargs)
         if eager.enabled():
             pipe = self.get_pipe_parallel_group()
-            others = [g for gid, g in sorted(compat.group_map().items()) if g is not pipe]
+            others = [g for gid, g in sorted(upstream.group_map().items()) if g is not pipe]
             eager.connect(others)
             eager.connect([pipe], p2p=True)
-
-    __init__.__paddle_ext_unit__ = "eager_connection"
     return __init__
 
 
@@ -38,13 +36,10 @@ def _gloo_connected(self, *args, **kwargs):
     """Gloo connected this group's full mesh when it was constructed: nothing to do."""
 
 
-_gloo_connected.__paddle_ext_unit__ = "eager_connection"
-
-
 def _apply(patcher: Patcher) -> None:
-    cls = compat.hybrid_communicate_group_class()
+    cls = upstream.hybrid_communicate_group_class()
     patcher.swap(cls, "__init__", _connecting_init(cls.__init__))
-    gloo = compat.gloo_process_group_class()
+    gloo = upstream.gloo_process_group_class()
     if gloo is not None:
         # Paddle 3.x's topology calls eager_connect_ring_exchange(nccl_config=...) on the
         # pipeline group when the flag is on; the gloo binding takes no argument, so
@@ -53,16 +48,10 @@ def _apply(patcher: Patcher) -> None:
             patcher.swap(gloo, name, _gloo_connected)
 
 
-def _verify() -> bool:
-    cls = compat.hybrid_communicate_group_class()
-    return getattr(cls.__init__, "__paddle_ext_unit__", None) == "eager_connection"
-
-
 UNIT = PatchUnit(
     name="eager_connection",
     upstream=(57517,),
     title="support eager communication connection",
     summary="FLAGS_eager_communication_connection connects every fleet group at init, on 2.6 too",
     apply=_apply,
-    verify=_verify,
 )

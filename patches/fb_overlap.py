@@ -23,7 +23,7 @@ adds the model-facing half where Paddle lacks it and widens it where Paddle has 
 
 from __future__ import annotations
 
-from paddle_ext import compat
+from paddle_ext import upstream
 from paddle_ext.patches._unit import Patcher, PatchUnit
 
 
@@ -39,26 +39,16 @@ def _build_schedule_nodes(self, start, end):
     return nodes.build_schedule_nodes(self, start, end)
 
 
-_get_schedule_chunk.__paddle_ext_unit__ = "fb_overlap"
-
-
 def _apply(patcher: Patcher) -> None:
     from paddle_ext.pipeline import nodes
 
-    meta_parallel = compat.meta_parallel_module()
+    meta_parallel = upstream.meta_parallel_module()
     for name, cls in (("ScheduleNode", nodes.ScheduleNode), ("ScheduleChunk", nodes.ScheduleChunk)):
         if not hasattr(meta_parallel, name):
             patcher.swap(meta_parallel, name, cls)
-    layer_cls = compat.pipeline_layer_class()
+    layer_cls = upstream.pipeline_layer_class()
     patcher.swap(layer_cls, "get_schedule_chunk", _get_schedule_chunk)
     patcher.swap(layer_cls, "build_schedule_nodes", _build_schedule_nodes)
-
-
-def _verify() -> bool:
-    meta_parallel = compat.meta_parallel_module()
-    layer_cls = compat.pipeline_layer_class()
-    return (hasattr(meta_parallel, "ScheduleNode") and hasattr(meta_parallel, "ScheduleChunk")
-            and getattr(layer_cls.get_schedule_chunk, "__paddle_ext_unit__", None) == "fb_overlap")
 
 
 UNIT = PatchUnit(
@@ -67,5 +57,4 @@ UNIT = PatchUnit(
     title="Support forward backward overlap schdule for VPP",
     summary="ScheduleNode/ScheduleChunk on every release; get_schedule_chunk that takes tied heads",
     apply=_apply,
-    verify=_verify,
 )

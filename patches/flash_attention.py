@@ -43,212 +43,49 @@ too: the unit rebinds every loaded module's global bound to Paddle's function
 imported the plugin's meanwhile). Paddle's own flashmask_attention cannot be
 reached through paddle._C_ops as rotary's is: on a CPU build it fails before its
 op, reading FLAGS_cudnn_deterministic. A function held elsewhere (a class
-attribute, a closure, a dict) keeps the object it holds.
+attribute, a closure, a dict) keeps the object it holds. The wrappers live in
+paddle_ext.ops.routes.flash_attention; the unit is their table.
 """
 
 from __future__ import annotations
 
-import functools
 import importlib
 
-from paddle_ext import compat
-from paddle_ext.ops import _library
-from paddle_ext.ops import flash_attention_packed as packed
-from paddle_ext.ops.attention_scores import calc_reduced_attention_scores as plugin_reduced_scores
-from paddle_ext.ops.flash_attention import flash_attention as plugin_flash_attention
-from paddle_ext.ops.flash_attention import flash_attn_unpadded as plugin_flash_attn_unpadded
-from paddle_ext.ops.flashmask import flashmask_attention as plugin_flashmask_attention
-from paddle_ext.patches._unit import Patcher, PatchUnit, plugin_else_paddle
+from paddle_ext.ops.routes import flash_attention as routes
+from paddle_ext.patches._unit import Patcher, PatchUnit, Wrap, install
 
 MODULE = "paddle.nn.functional.flash_attention"
 NAMES = ("flash_attention", "flash_attn_unpadded")
-# 3.x names, patched where the release defines them (2.6.2 has none).
-PACKED_NAMES = ("flash_attn_qkvpacked", "flash_attn_varlen_qkvpacked", "calc_reduced_attention_scores",
-                "flashmask_attention")
-PACKAGE = "paddle.nn.functional"
-OPS = ("pe_flash_attn", "pe_flash_attn_varlen", "pe_flashmask_attn")
+
+# imported=True everywhere: names callers took before enable() too (module docstring),
+# paddle.nn.functional's re-exports of the 3.x names included.
+TABLE = (
+    Wrap(MODULE, "flash_attention", routes.flash_attention, imported=True),
+    Wrap(MODULE, "flash_attn_unpadded", routes.flash_attn_unpadded, imported=True),
+    # 3.x names, wrapped where the release defines them (2.6.2 has none)
+    Wrap(MODULE, "flash_attn_qkvpacked", routes.flash_attn_qkvpacked, imported=True, optional=True),
+    Wrap(MODULE, "flash_attn_varlen_qkvpacked", routes.flash_attn_varlen_qkvpacked, imported=True, optional=True),
+    Wrap(MODULE, "calc_reduced_attention_scores", routes.calc_reduced_attention_scores, imported=True,
+         optional=True),
+    Wrap(MODULE, "flashmask_attention", routes.flashmask_attention, imported=True, optional=True),
+)
 
 
 def owner():
     return importlib.import_module(MODULE)
 
 
-def _plugin_builds_static() -> bool:
-    """Whether the plugin's ops serve Paddle's names: always in dynamic mode; in
-    static graphs on CPU builds, where Paddle's flash attention ops have no kernel
-    (GPU builds keep Paddle's ops in static programs: its kernels answer there)."""
-    return compat.in_dynamic_mode() or compat.device_build() == "cpu"
-
-
-def _gpu_kernel_else_plugin(plugin_call, paddle_call):
-    """For the names Paddle serves with GPU kernels only (flash_attn_unpadded, the
-    varlen packed one, calc_reduced_attention_scores, flashmask_attention): in
-    dynamic mode plugin_else_paddle (Paddle's GPU kernel may take what the plugin
-    refuses); in a static program (here on CPU builds only) Paddle's op would have
-    no kernel to run, so the plugin's error stands while the program is built."""
-    if compat.in_dynamic_mode():
-        return plugin_else_paddle(plugin_call, paddle_call)
-    return plugin_call()
-
-
-def _flash_attention_3x(original):
-    @functools.wraps(original)
-    def flash_attention(query, key, value, dropout=0.0, causal=False, return_softmax=False, *,
-                        fixed_seed_offset=None, rng_name="", training=True, name=None, softmax_scale=None):
-        # Paddle's function: softmax_scale only when set, so that a release without
-        # it (2.6) fails only for a call that uses it.
-        extra = {} if softmax_scale is None else {"softmax_scale": softmax_scale}
-
-        def paddle_call():
-            return original(query, key, value, dropout, causal, return_softmax, fixed_seed_offset=fixed_seed_offset,
-                            rng_name=rng_name, training=training, name=name, **extra)
-
-        if not _plugin_builds_static():  # static graphs on GPU builds
-            return paddle_call()
-        return plugin_else_paddle(
-            lambda: plugin_flash_attention(query, key, value, dropout, causal, return_softmax,
-                                           fixed_seed_offset=fixed_seed_offset, rng_name=rng_name,
-                                           training=training, name=name, softmax_scale=softmax_scale),
-            paddle_call)
-
-    flash_attention.__paddle_ext_unit__ = "flash_attention"
-    return flash_attention
-
-
-def _flash_attn_unpadded(original):
-    @functools.wraps(original)
-    def flash_attn_unpadded(query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                            dropout=0.0, causal=False, return_softmax=False, fixed_seed_offset=None, rng_name="",
-                            training=True, name=None):
-        args = (query, key, value, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, dropout,
-                causal, return_softmax, fixed_seed_offset, rng_name, training, name)
-        if not _plugin_builds_static():
-            return original(*args)
-        return _gpu_kernel_else_plugin(lambda: plugin_flash_attn_unpadded(*args), lambda: original(*args))
-
-    flash_attn_unpadded.__paddle_ext_unit__ = "flash_attention"
-    return flash_attn_unpadded
-
-
-def _flash_attn_qkvpacked(original):
-    @functools.wraps(original)
-    def flash_attn_qkvpacked(qkv, dropout=0.0, causal=False, return_softmax=False, *, fixed_seed_offset=None,
-                             rng_name="", training=True, name=None):
-        def paddle_call():
-            return original(qkv, dropout, causal, return_softmax, fixed_seed_offset=fixed_seed_offset,
-                            rng_name=rng_name, training=training, name=name)
-
-        if not _plugin_builds_static():  # GPU builds' static programs
-            return paddle_call()
-        return plugin_else_paddle(
-            lambda: packed.flash_attn_qkvpacked(qkv, dropout, causal, return_softmax,
-                                                fixed_seed_offset=fixed_seed_offset, rng_name=rng_name,
-                                                training=training, name=name),
-            paddle_call)
-
-    flash_attn_qkvpacked.__paddle_ext_unit__ = "flash_attention"
-    return flash_attn_qkvpacked
-
-
-def _flash_attn_varlen_qkvpacked(original):
-    @functools.wraps(original)
-    def flash_attn_varlen_qkvpacked(qkv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale,
-                                    dropout=0.0, causal=False, return_softmax=False, fixed_seed_offset=None,
-                                    rng_name="", varlen_padded=True, training=True, name=None):
-        args = (qkv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, scale, dropout, causal,
-                return_softmax, fixed_seed_offset, rng_name, varlen_padded, training, name)
-        if not _plugin_builds_static():
-            return original(*args)
-        return _gpu_kernel_else_plugin(lambda: packed.flash_attn_varlen_qkvpacked(*args),
-                                       lambda: original(*args))
-
-    flash_attn_varlen_qkvpacked.__paddle_ext_unit__ = "flash_attention"
-    return flash_attn_varlen_qkvpacked
-
-
-def _calc_reduced_attention_scores(original):
-    @functools.wraps(original)
-    def calc_reduced_attention_scores(query, key, softmax_lse):
-        if not _plugin_builds_static():
-            return original(query, key, softmax_lse)
-        return _gpu_kernel_else_plugin(lambda: plugin_reduced_scores(query, key, softmax_lse),
-                                       lambda: original(query, key, softmax_lse))
-
-    calc_reduced_attention_scores.__paddle_ext_unit__ = "flash_attention"
-    return calc_reduced_attention_scores
-
-
-def _flashmask_attention(original):
-    @functools.wraps(original)
-    def flashmask_attention(query, key, value, startend_row_indices=None, *, dropout=0.0, causal=False,
-                            window_size=None, return_softmax_lse=False, return_seed_offset=False,
-                            fixed_seed_offset=None, rng_name="", training=True, name=None, softmax_scale=None,
-                            block_mask=None):
-        on_cpu = "cpu" in str(getattr(query, "place", "cpu")).lower()
-        plugin = on_cpu if compat.in_dynamic_mode() else compat.device_build() == "cpu"
-        kwargs = dict(dropout=dropout, causal=causal, window_size=window_size, return_softmax_lse=return_softmax_lse,
-                      return_seed_offset=return_seed_offset, fixed_seed_offset=fixed_seed_offset, rng_name=rng_name,
-                      training=training, name=name, softmax_scale=softmax_scale, block_mask=block_mask)
-
-        def paddle_call():
-            return original(query, key, value, startend_row_indices, **kwargs)
-
-        if not plugin:
-            return paddle_call()
-        return _gpu_kernel_else_plugin(
-            lambda: plugin_flashmask_attention(query, key, value, startend_row_indices, **kwargs), paddle_call)
-
-    flashmask_attention.__paddle_ext_unit__ = "flash_attention"
-    return flashmask_attention
-
-
-_PACKED_WRAPPERS = {"flash_attn_qkvpacked": _flash_attn_qkvpacked,
-                    "flash_attn_varlen_qkvpacked": _flash_attn_varlen_qkvpacked,
-                    "calc_reduced_attention_scores": _calc_reduced_attention_scores,
-                    "flashmask_attention": _flashmask_attention}
-
-
-def packed_owners() -> list:
-    """(module, name) for each of PACKED_NAMES this release defines: in the
-    flash_attention module, and in paddle.nn.functional where it re-exports it."""
-    module = owner()
-    package = importlib.import_module(PACKAGE)
-    found = []
-    for name in PACKED_NAMES:
-        if hasattr(module, name):
-            found.append((module, name))
-            if getattr(package, name, None) is getattr(module, name):
-                found.append((package, name))
-    return found
-
-
 def _apply(patcher: Patcher) -> None:
-    module = owner()
-    # imported=True: names callers took before enable() too (module docstring)
-    patcher.swap(module, "flash_attention", _flash_attention_3x(module.flash_attention), imported=True)
-    patcher.swap(module, "flash_attn_unpadded", _flash_attn_unpadded(module.flash_attn_unpadded), imported=True)
-    wrappers = {}  # one wrapper per name for both owners
-    for target, name in packed_owners():
-        if name not in wrappers:
-            wrappers[name] = _PACKED_WRAPPERS[name](getattr(target, name))
-        patcher.swap(target, name, wrappers[name], imported=True)
+    install(patcher, TABLE)
 
 
-def _verify() -> bool:
-    module = owner()
-    targets = [(module, n) for n in NAMES] + packed_owners()
-    return all(getattr(getattr(t, n), "__paddle_ext_unit__", None) == "flash_attention" for t, n in targets)
-
-
-def _unavailable() -> str | None:
+def _requires() -> str | None:
     try:
         module = owner()
     except ImportError as err:
         return f"this Paddle has no {MODULE} ({err})"
     missing = [n for n in NAMES if not hasattr(module, n)]
-    if missing:
-        return f"{MODULE} has no {', '.join(missing)}"
-    return _library.unavailable(OPS)
+    return f"{MODULE} has no {', '.join(missing)}" if missing else None
 
 
 UNIT = PatchUnit(
@@ -258,6 +95,6 @@ UNIT = PatchUnit(
     summary=("flash_attention / flash_attn_unpadded / packed QKV run a tiled FA2 kernel on CPU, static "
              "graphs too (and 3.x's signature on 2.6.2)"),
     apply=_apply,
-    verify=_verify,
-    unavailable=_unavailable,
+    requires=_requires,
+    requires_ops=routes.OPS,
 )

@@ -29,113 +29,21 @@ paddle.incubate.nn.functional import fused_rotary_position_embedding as
 fused_rope`, as PaddleFormers' ERNIE 4.5 models do at import) keeps the object
 it imported, Paddle's function; that function calls
 `paddle._C_ops.fused_rotary_position_embedding` at each call, which the unit
-patches too, so such callers reach the plugin for the calls above as well.
+patches too, so such callers reach the plugin for the calls above as well. The wrappers live in
+paddle_ext.ops.routes.rotary.
 """
 
 from __future__ import annotations
 
-import contextvars
-import functools
 import importlib
-import inspect
 import sys
 
-from paddle_ext import compat
-from paddle_ext.ops import _library
-from paddle_ext.ops.rotary import fused_rotary_position_embedding
-from paddle_ext.patches._unit import Patcher, PatchUnit, plugin_else_paddle
+from paddle_ext.ops.routes import rotary as routes
+from paddle_ext.patches._unit import Patcher, PatchUnit, Wrap, install
 
 PACKAGE = "paddle.incubate.nn.functional"
 MODULE = PACKAGE + ".fused_rotary_position_embedding"
 NAME = "fused_rotary_position_embedding"
-
-
-def owners() -> list:
-    """The package (what users call) and the module that defines the function;
-    the package attribute of the same name is the function, not the module."""
-    package = importlib.import_module(PACKAGE)
-    importlib.import_module(MODULE)
-    return [package, sys.modules[MODULE]]
-
-
-OPTIONAL_3X = (("time_major", False), ("rotary_emb_base", 10000.0))  # (argument, default) 3.x added
-
-# Set while the Python wrapper asks Paddle's own function after the plugin refused the
-# call: the _C_ops wrapper below then hands it straight to Paddle's op instead of
-# running the plugin's checks a second time.
-_ASKING_PADDLE = contextvars.ContextVar("paddle_ext_rotary_asking_paddle", default=False)
-
-
-def plugin_serves(q) -> bool:
-    """Whether the plugin answers this call of Paddle's name: CPU tensors in dynamic
-    mode, static programs on CPU builds (Paddle has no CPU kernel for either);
-    elsewhere Paddle's kernel answers (module docstring)."""
-    import paddle
-
-    if compat.in_dynamic_mode():
-        return isinstance(q, paddle.Tensor) and q.place.is_cpu_place()
-    return compat.device_build() == "cpu"
-
-
-def _with_3x_signature(original):
-    takes = set(inspect.signature(original).parameters)
-
-    @functools.wraps(original)
-    def fused_rotary_position_embedding_3x(q, k=None, v=None, sin=None, cos=None, position_ids=None,
-                                           use_neox_rotary_style=True, time_major=False,
-                                           rotary_emb_base=10000.0):
-        def plugin_call():
-            return fused_rotary_position_embedding(
-                q, k, v, sin=sin, cos=cos, position_ids=position_ids,
-                use_neox_rotary_style=use_neox_rotary_style, time_major=time_major,
-                rotary_emb_base=rotary_emb_base)
-
-        # 3.x's arguments only when set, so that 2.6's function fails only for a call that uses them
-        given = {"time_major": time_major, "rotary_emb_base": rotary_emb_base}
-        extra = {name: given[name] for name, default in OPTIONAL_3X if given[name] != default}
-
-        def paddle_call():
-            token = _ASKING_PADDLE.set(True)
-            try:
-                return original(q, k, v, sin=sin, cos=cos, position_ids=position_ids,
-                                use_neox_rotary_style=use_neox_rotary_style, **extra)
-            finally:
-                _ASKING_PADDLE.reset(token)
-
-        if not plugin_serves(q):
-            # Paddle's kernel answers; the plugin only for what its function cannot take
-            return paddle_call() if takes.issuperset(extra) else plugin_call()
-        if not compat.in_dynamic_mode():  # a static program on a CPU build: Paddle's op has no kernel
-            return plugin_call()
-        return plugin_else_paddle(plugin_call, paddle_call)
-
-    fused_rotary_position_embedding_3x.__paddle_ext_unit__ = "fused_rotary"
-    return fused_rotary_position_embedding_3x
-
-
-def _c_op(original):
-    """paddle._C_ops' op, which Paddle's function calls with its arguments in order
-    (3.x: q, k, v, sin, cos, position_ids, use_neox_rotary_style, time_major,
-    rotary_emb_base; 2.6 without the last two): the plugin for the calls it serves,
-    when the caller is not the Python wrapper above."""
-
-    @functools.wraps(original)
-    def fused_rotary_position_embedding_op(*args):
-        if _ASKING_PADDLE.get() or not args or not plugin_serves(args[0]):
-            return original(*args)
-        q, k, v, sin, cos, position_ids, neox, *rest = args
-        extra = dict(zip((name for name, _ in OPTIONAL_3X), rest))
-
-        def plugin_call():
-            return fused_rotary_position_embedding(q, k, v, sin=sin, cos=cos, position_ids=position_ids,
-                                                   use_neox_rotary_style=neox, **extra)
-
-        if not compat.in_dynamic_mode():
-            return plugin_call()
-        return plugin_else_paddle(plugin_call, lambda: original(*args))
-
-    fused_rotary_position_embedding_op.__paddle_ext_unit__ = "fused_rotary"
-    return fused_rotary_position_embedding_op
 
 
 def _c_ops():
@@ -144,33 +52,29 @@ def _c_ops():
     return paddle._C_ops
 
 
+def _defining_module():
+    """The module that defines the function: the package attribute of the same name is
+    the function, not the module, so it is read from sys.modules."""
+    importlib.import_module(MODULE)
+    return sys.modules[MODULE]
+
+
+# The package (what users call) and the defining module share one wrapper (install
+# wraps one original once); the _C_ops op, where the release has it, gets its own.
+TABLE = (
+    Wrap(PACKAGE, NAME, routes.with_3x_signature),
+    Wrap(_defining_module, NAME, routes.with_3x_signature),
+    Wrap(_c_ops, NAME, routes.c_op, optional=True),
+)
+
+
+def owners() -> list:
+    """The package and the module that define the function."""
+    return [importlib.import_module(PACKAGE), _defining_module()]
+
+
 def _apply(patcher: Patcher) -> None:
-    targets = owners()
-    # One wrapper for both names, around the object the package exports.
-    wrapper = _with_3x_signature(getattr(targets[0], NAME))
-    for owner in targets:
-        patcher.swap(owner, NAME, wrapper)
-    ops = _c_ops()
-    if hasattr(ops, NAME):
-        patcher.swap(ops, NAME, _c_op(getattr(ops, NAME)))
-
-
-def _verify() -> bool:
-    ops = _c_ops()
-    return all(getattr(getattr(owner, NAME), "__paddle_ext_unit__", None) == "fused_rotary"
-               for owner in owners() + ([ops] if hasattr(ops, NAME) else []))
-
-
-def _unavailable() -> str | None:
-    try:
-        owners()
-    except ImportError as err:
-        return f"this Paddle has no {MODULE} ({err})"
-    try:
-        _library.load()
-    except _library.OpLibraryError as err:
-        return str(err)
-    return None
+    install(patcher, TABLE)
 
 
 UNIT = PatchUnit(
@@ -179,6 +83,6 @@ UNIT = PatchUnit(
     title="Add fused_rope forward op, rotate_half and time_major",
     summary="fused_rotary_position_embedding runs on CPU, static graphs too, and with the 3.x signature on 2.6.2",
     apply=_apply,
-    verify=_verify,
-    unavailable=_unavailable,
+    requires_modules=(PACKAGE, MODULE),
+    requires_ops=routes.OPS,
 )

@@ -27,7 +27,7 @@ what to set, where Paddle had one rank refused and the others hanging in connect
 
 from __future__ import annotations
 
-from paddle_ext import compat
+from paddle_ext import compat, upstream
 from paddle_ext.comm.address_check import check_before_connect
 from paddle_ext.comm.gloo import (
     CALC_STREAM_METHODS,
@@ -42,7 +42,7 @@ from paddle_ext.patches._unit import Patcher, PatchUnit
 
 
 def _apply(patcher: Patcher) -> None:
-    cls = compat.gloo_process_group_class()
+    cls = upstream.gloo_process_group_class()
     for name, fn in {**CALC_STREAM_METHODS, **EXCHANGE_METHODS}.items():
         patcher.swap(cls, name, fn)
     for owner in compat.c_identity_owners():
@@ -52,7 +52,7 @@ def _apply(patcher: Patcher) -> None:
     util = _hybrid_parallel_util()
     # imported=True: fleet's TensorParallel module took the function by name at import
     patcher.swap(util, "broadcast_input_data", cpu_broadcast_input_data(util.broadcast_input_data), imported=True)
-    collective = compat.collective_module()
+    collective = upstream.collective_module()
     patcher.swap(collective, "_new_process_group_impl",
                  private_store_process_groups(collective._new_process_group_impl))
     # init_parallel_env makes the global group through the name parallel.py imported from
@@ -73,16 +73,8 @@ def _module(name: str):
     return importlib.import_module(name)
 
 
-def _verify() -> bool:
-    cls = compat.gloo_process_group_class()
-    methods = all(vars(cls).get(name) is fn for name, fn in {**CALC_STREAM_METHODS, **EXCHANGE_METHODS}.items())
-    return (methods and all(hasattr(o.c_identity, "__wrapped__") for o in compat.c_identity_owners())
-            and hasattr(_hybrid_parallel_util().broadcast_input_data, "__wrapped__")
-            and hasattr(_module("paddle.distributed.parallel")._new_process_group_impl, "__wrapped__"))
-
-
 def _unavailable() -> str | None:
-    return None if compat.gloo_process_group_class() is not None else "this Paddle build has no gloo"
+    return None if upstream.gloo_process_group_class() is not None else "this Paddle build has no gloo"
 
 
 UNIT = PatchUnit(
@@ -91,6 +83,5 @@ UNIT = PatchUnit(
     title="calc-stream collectives, p2p and c_identity on CPU/gloo",
     summary="fleet's model-parallel layers, sequence parallelism, all_to_all and p2p run on CPU through gloo",
     apply=_apply,
-    verify=_verify,
-    unavailable=_unavailable,
+    requires=_unavailable,
 )

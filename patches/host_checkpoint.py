@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import importlib
 
-from paddle_ext import compat
+from paddle_ext import devices
 from paddle_ext.host_checkpoint import host_staged
 from paddle_ext.patches._unit import Patcher, PatchUnit
 
@@ -30,26 +30,13 @@ def owner():
 
 def _apply(patcher: Patcher) -> None:
     module = owner()
-    wrapper = host_staged(getattr(module, NAME))
-    wrapper.__paddle_ext_unit__ = "host_checkpoint"
-    patcher.swap(module, NAME, wrapper, imported=True)
-
-
-def _verify() -> bool:
-    import paddle.distributed as dist
-
-    return all(getattr(getattr(o, NAME), "__paddle_ext_unit__", None) == "host_checkpoint"
-               for o in (owner(), dist))
+    patcher.swap(module, NAME, host_staged(getattr(module, NAME)), imported=True)
 
 
 def _unavailable() -> str | None:
-    build = compat.device_build()
+    build = devices.device_build()
     if build != "cpu":
         return f"a {build} build: Paddle stages the checkpoint's tensors on its device"
-    try:
-        owner()
-    except ImportError:
-        return "this Paddle has no FlexCheckpoint (paddle.distributed.flex_checkpoint: 3.2 and later)"
     return None
 
 
@@ -59,6 +46,6 @@ UNIT = PatchUnit(
     title="Upgrade some macros and optimize load_state_dict communication",
     summary="paddle.distributed.load_state_dict (FlexCheckpoint) reshards over gloo on CPU builds",
     apply=_apply,
-    verify=_verify,
-    unavailable=_unavailable,
+    requires=_unavailable,
+    requires_modules=(MODULE,),  # FlexCheckpoint: 3.2 and later
 )

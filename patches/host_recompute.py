@@ -16,8 +16,8 @@ CPU themselves gets none of it.
 
 from __future__ import annotations
 
-from paddle_ext import compat
-from paddle_ext.host_recompute import UNIT_MARK, cpu_accepting, host_backward
+from paddle_ext import compat, devices, upstream
+from paddle_ext.host_recompute import cpu_accepting, host_backward
 from paddle_ext.patches._unit import Patcher, PatchUnit
 
 
@@ -25,22 +25,17 @@ def _apply(patcher: Patcher) -> None:
     for owner, name, function in compat.recompute_cpu_refusals():
         copy = cpu_accepting(function)
         patcher.swap(owner, name, staticmethod(copy) if isinstance(vars(owner)[name], staticmethod) else copy)
-    layer = compat.hybrid_recompute_layer()
+    layer = upstream.hybrid_recompute_layer()
     patcher.swap(layer, "backward", staticmethod(host_backward(vars(layer)["backward"].__func__)))
 
 
-def _verify() -> bool:
-    layer = compat.hybrid_recompute_layer()
-    return getattr(layer.forward, UNIT_MARK, None) == "host_recompute" and \
-        getattr(layer.backward, UNIT_MARK, None) == "host_recompute"
-
-
-def _native(version: tuple[int, int, int]) -> bool:
+def _native() -> bool:
+    """Whether this release's functions accept the CPU themselves (none does yet)."""
     return not compat.recompute_cpu_refusals()
 
 
 def _unavailable() -> str | None:
-    build = compat.device_build()
+    build = devices.device_build()
     if build != "cpu":
         return f"a {build} build: Paddle saves and restores its device's RNG state itself"
     return None
@@ -52,7 +47,6 @@ UNIT = PatchUnit(
     title="Recompute for PipeLineParallel (recompute_hybrid) with RNG replay on CPU builds",
     summary="PipelineLayer's recompute_interval and fleet.utils.recompute run on CPU builds, dropout replayed exactly",
     apply=_apply,
-    verify=_verify,
-    native=_native,
-    unavailable=_unavailable,
+    native_probe=_native,
+    requires=_unavailable,
 )

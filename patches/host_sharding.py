@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import importlib
 
-from paddle_ext import compat
+from paddle_ext import compat, devices
 from paddle_ext.host_sharding import (
     clipped_on_host,
     constructed_on_host,
@@ -56,9 +56,8 @@ def _targets() -> list[tuple[object, str, object]]:
 
 def _apply(patcher: Patcher) -> None:
     dispatcher = dispatcher_module()
-    wrapper = group_sharded_parallel_on_host(dispatcher.group_sharded_parallel, dispatcher)
-    wrapper.__paddle_ext_unit__ = "host_sharding"
-    patcher.swap(dispatcher, "group_sharded_parallel", wrapper, imported=True)
+    patcher.swap(dispatcher, "group_sharded_parallel",
+                 group_sharded_parallel_on_host(dispatcher.group_sharded_parallel, dispatcher), imported=True)
     for owner, name, module in _targets():
         patcher.swap(owner, name, constructed_on_host(vars(owner)[name], module))
     storage = _module("group_sharded_storage").ParamStorage
@@ -74,16 +73,8 @@ def _apply(patcher: Patcher) -> None:
                      imported=True)
 
 
-def _verify() -> bool:
-    import paddle.distributed.sharding as sharding
-
-    dispatched = all(getattr(o.group_sharded_parallel, "__paddle_ext_unit__", None) == "host_sharding"
-                     for o in (dispatcher_module(), sharding))
-    return dispatched and all(hasattr(vars(owner)[name], "__wrapped__") for owner, name, _ in _targets())
-
-
 def _unavailable() -> str | None:
-    build = compat.device_build()
+    build = devices.device_build()
     return None if build == "cpu" else f"a {build} build: group sharding runs on its device"
 
 
@@ -93,6 +84,5 @@ UNIT = PatchUnit(
     title="Add group sharded api (sharding stage 2 and 3), split param sharding stage 1",
     summary="sharding stage 2 / 3 (group_sharded_parallel) and stage 1 with split_param run on CPU builds",
     apply=_apply,
-    verify=_verify,
-    unavailable=_unavailable,
+    requires=_unavailable,
 )

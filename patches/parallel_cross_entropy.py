@@ -14,7 +14,7 @@ first; tensors on other devices keep Paddle's kernels.
 
 from __future__ import annotations
 
-from paddle_ext import compat
+from paddle_ext import compat, upstream
 from paddle_ext.comm.parallel_cross_entropy import OP, cpu_c_softmax_with_cross_entropy
 from paddle_ext.patches._unit import Patcher, PatchUnit
 
@@ -24,15 +24,10 @@ def _apply(patcher: Patcher) -> None:
         patcher.swap(owner, OP, cpu_c_softmax_with_cross_entropy(getattr(owner, OP), convention))
 
 
-def _verify() -> bool:
-    owners = compat.c_softmax_with_cross_entropy_owners()
-    return bool(owners) and all(hasattr(getattr(owner, OP), "__wrapped__") for owner, _ in owners)
-
-
 def _unavailable() -> str | None:
     if not compat.c_softmax_with_cross_entropy_owners():
         return f"this Paddle has no {OP} op"
-    return None if compat.gloo_process_group_class() is not None else "this Paddle build has no gloo"
+    return None if upstream.gloo_process_group_class() is not None else "this Paddle build has no gloo"
 
 
 UNIT = PatchUnit(
@@ -41,6 +36,5 @@ UNIT = PatchUnit(
     title="ParallelCrossEntropy (c_softmax_with_cross_entropy) on CPU/gloo",
     summary="fleet's ParallelCrossEntropy, a tensor-parallel model's vocabulary-split loss, runs on CPU through gloo",
     apply=_apply,
-    verify=_verify,
-    unavailable=_unavailable,
+    requires=_unavailable,
 )

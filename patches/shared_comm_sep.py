@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import functools
 
-from paddle_ext import compat
+from paddle_ext import upstream
 from paddle_ext.patches._unit import Patcher, PatchUnit
 from paddle_ext.pipeline.shared_comm import needs_pipe_line_groups, pipe_line_shared_comm
 
-NATIVE_FROM = (3, 1, 0)
+NATIVE_FROM = (3, 1)
 
 
 def _over_pipe_lines(original):
@@ -29,19 +29,12 @@ def _over_pipe_lines(original):
         if not needs_pipe_line_groups(self):
             return original(self)
         return pipe_line_shared_comm(self)
-
-    _construct_shared_comm.__paddle_ext_unit__ = "shared_comm_sep"
     return _construct_shared_comm
 
 
 def _apply(patcher: Patcher) -> None:
-    cls = compat.pipeline_layer_class()
+    cls = upstream.pipeline_layer_class()
     patcher.swap(cls, "_construct_shared_comm", _over_pipe_lines(cls._construct_shared_comm))
-
-
-def _verify() -> bool:
-    method = compat.pipeline_layer_class()._construct_shared_comm
-    return getattr(method, "__paddle_ext_unit__", None) == "shared_comm_sep"
 
 
 UNIT = PatchUnit(
@@ -50,6 +43,5 @@ UNIT = PatchUnit(
     title="tied-weight groups of a PipelineLayer over the pipe lines (sep included)",
     summary="a pipeline with sep_degree > 1 and tied weights builds on Paddle 2.6 and 3.0",
     apply=_apply,
-    verify=_verify,
-    native=lambda version: version >= NATIVE_FROM,
+    native_from=NATIVE_FROM,
 )

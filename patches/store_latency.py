@@ -49,18 +49,12 @@ def _prompt_store(original):
         # rank 0's constructor waits for every rank through its own connection, polling
         with nodelay_meanwhile(endpoint[1]):
             return original(*args, **kwargs)
-
-    create_or_get_global_tcp_store.__paddle_ext_unit__ = "store_latency"
     return create_or_get_global_tcp_store
 
 
 def _apply(patcher: Patcher) -> None:
     core = _core()
     patcher.swap(core, "create_or_get_global_tcp_store", _prompt_store(core.create_or_get_global_tcp_store))
-
-
-def _verify() -> bool:
-    return getattr(_core().create_or_get_global_tcp_store, "__paddle_ext_unit__", None) == "store_latency"
 
 
 def _unavailable() -> str | None:
@@ -73,6 +67,5 @@ UNIT = PatchUnit(
     title="the job store without Nagle's delays or the 3 s connect retry",
     summary="fleet.init and every group creation wait neither for delayed ACKs nor for rank 0's server to listen",
     apply=_apply,
-    verify=_verify,
-    unavailable=_unavailable,
+    requires=_unavailable,
 )

@@ -16,6 +16,7 @@ import pytest
 import paddle_ext
 from paddle_ext.ops.flash_attention import flash_attention, flash_attn_unpadded
 from paddle_ext.ops.flash_attention_packed import flash_attn_qkvpacked, flash_attn_varlen_qkvpacked
+from paddle_ext.patches import series
 
 DTYPES = ["float32", "float16", "bfloat16"]
 
@@ -205,8 +206,8 @@ def test_paddles_names_route_to_the_plugin(plugin_enabled):
     import paddle.nn.functional.flash_attention as module
 
     for owner in (F, module):
-        assert owner.flash_attn_qkvpacked.__paddle_ext_unit__ == "flash_attention"
-        assert owner.flash_attn_varlen_qkvpacked.__paddle_ext_unit__ == "flash_attention"
+        assert series().installed_by(owner.flash_attn_qkvpacked) == "flash_attention"
+        assert series().installed_by(owner.flash_attn_varlen_qkvpacked) == "flash_attention"
     rng = np.random.default_rng(8)
     qkv = paddle.to_tensor(rng.standard_normal((1, 12, 3, 2, 16)).astype(np.float32))
     out, none = F.flash_attn_qkvpacked(qkv, 0.0, True, False)

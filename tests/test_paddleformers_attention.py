@@ -17,6 +17,7 @@ import paddle
 import pytest
 
 from paddle_ext import compat
+from paddle_ext.patches import series
 
 pytest.importorskip("paddleformers")
 from paddleformers.nn.attention import eager_attention, flashmask_attention  # noqa: E402
@@ -63,6 +64,7 @@ def test_flashmask_imported_before_enable_runs_on_the_plugin(clean_series):
     import paddle.nn.functional.flash_attention as paddles_module
 
     indices = causal_document_indices()
+    paddles_flashmask = paddles_module.flashmask_attention
     # disabled: the module holds Paddle's function, which has no CPU path
     assert flashmask_attention.flashmask_attention is paddles_module.flashmask_attention
     with pytest.raises((ValueError, RuntimeError)):  # 3.3.1: it reads a flag CPU builds lack
@@ -70,14 +72,15 @@ def test_flashmask_imported_before_enable_runs_on_the_plugin(clean_series):
 
     clean_series.enable()
     assert flashmask_attention.flashmask_attention is paddles_module.flashmask_attention  # the plugin's now
-    assert getattr(flashmask_attention.flashmask_attention, "__paddle_ext_unit__", None) == "flash_attention"
+    assert series().installed_by(flashmask_attention.flashmask_attention) == "flash_attention"
     got = run(flashmask_attention.flashmask_attention_forward, attn_mask_startend_row_indices=indices)
     want = run(eager_attention.eager_attention_forward, attn_mask_startend_row_indices=indices, scaling=D ** -0.5)
     for name, g, w in zip(("out", "dq", "dk", "dv"), got, want):
         np.testing.assert_allclose(g, w, rtol=0, atol=2e-6 * max(1.0, np.abs(w).max()), err_msg=name)
 
     clean_series.disable()
-    assert getattr(flashmask_attention.flashmask_attention, "__paddle_ext_unit__", None) is None
+    assert series().installed_by(flashmask_attention.flashmask_attention) is None
+    assert flashmask_attention.flashmask_attention is paddles_flashmask
 
 
 def test_flashmask_without_indices_is_causal_attention(plugin_enabled):

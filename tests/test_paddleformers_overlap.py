@@ -10,7 +10,10 @@ import sys
 import pytest
 
 import paddle_ext
+from paddle_ext import trainer_overlap as impl
 from paddle_ext.patches import paddleformers_overlap as unit
+from paddle_ext.patches import series
+from paddle_ext.patches._unit import ImportHook
 
 
 @pytest.fixture(autouse=True)
@@ -35,9 +38,9 @@ def test_applies_with_either_trainer_package(monkeypatch, package):
     assert unit._unavailable() is None
 
 
-@pytest.mark.parametrize("module, cls_name, attr", [(unit.ARGS_MODULE, "TrainingArguments", "__post_init__"),
-                                                     (unit.TRAINER_MODULE, "Trainer", "_wrap_model"),
-                                                     (unit.NLP_ARGS_MODULE, "TrainingArguments", "__post_init__")])
+@pytest.mark.parametrize("module, cls_name, attr", [(impl.ARGS_MODULE, "TrainingArguments", "__post_init__"),
+                                                     (impl.TRAINER_MODULE, "Trainer", "_wrap_model"),
+                                                     (impl.NLP_ARGS_MODULE, "TrainingArguments", "__post_init__")])
 def test_patches_the_trainers_on_import_and_restores_them(module, cls_name, attr):
     package = module.split(".", 1)[0]
     pytest.importorskip(package, reason=f"{package} is not installed")
@@ -48,17 +51,17 @@ def test_patches_the_trainers_on_import_and_restores_them(module, cls_name, attr
     else:  # patched by the import hook when the module loads
         paddle_ext.enable()
         assert _status() == "applied"
-        assert any(isinstance(f, unit._Hook) and f.active and f.module == module for f in sys.meta_path)
+        assert any(isinstance(f, ImportHook) and f.active and f.module == module for f in sys.meta_path)
         cls = getattr(importlib.import_module(module), cls_name)
         original = vars(cls)[attr].__wrapped__
-    assert getattr(getattr(cls, attr), "__paddle_ext_unit__", None) == "paddleformers_overlap"
+    assert series().installed_by(getattr(cls, attr)) == "paddleformers_overlap"
     paddle_ext.disable()
     assert vars(cls)[attr] is original
-    assert not any(isinstance(f, unit._Hook) and f.active for f in sys.meta_path)
+    assert not any(isinstance(f, ImportHook) and f.active for f in sys.meta_path)
 
 
 def test_refusal_kept_when_the_engine_does_not_serve(monkeypatch):
     pytest.importorskip("paddleformers", reason="PaddleFormers is not installed")
     monkeypatch.setenv("PADDLE_EXT_PATCHES", "pipeline_engine=off")
     paddle_ext.enable()
-    assert not unit._engine_serves()
+    assert not impl.engine_serves()

@@ -17,7 +17,7 @@ import pytest
 
 import paddle_ext
 from paddle_ext import compat
-from paddle_ext.patches import paddleformers_overlap as unit
+from paddle_ext import trainer_overlap as impl
 
 training_args = pytest.importorskip("paddlenlp.trainer.training_args", reason="PaddleNLP is not installed")
 
@@ -66,7 +66,7 @@ def pp_config(strategy, key):
 
 def test_refused_without_the_plugin(four_ranks):
     four_ranks()
-    with pytest.raises(ValueError, match=unit.REFUSAL):
+    with pytest.raises(ValueError, match=impl.REFUSAL):
         make_args("enable_dp_comm_overlap")
 
 
@@ -74,9 +74,9 @@ def test_refused_while_the_engine_does_not_serve(monkeypatch, four_ranks):
     monkeypatch.setenv("PADDLE_EXT_PATCHES", "pipeline_engine=off")
     paddle_ext.enable()
     assert {n: s for n, _, s, _ in paddle_ext.patch_table()}["paddleformers_overlap"] == "applied"
-    assert not unit._engine_serves()
+    assert not impl.engine_serves()
     four_ranks()
-    with pytest.raises(ValueError, match=unit.REFUSAL):
+    with pytest.raises(ValueError, match=impl.REFUSAL):
         make_args("enable_dp_comm_overlap")
 
 
@@ -85,7 +85,7 @@ def test_lifted_while_the_engine_serves(four_ranks):
     the engine); PaddleNLP set fleet up with the key off and every other word as it reads
     them; fleet's strategy, which the engine reads, has it on afterwards."""
     paddle_ext.enable()
-    assert unit._engine_serves()
+    assert impl.engine_serves()
     given = four_ranks()
     args = make_args("enable_dp_comm_overlap enable_delay_scale_loss")
     assert args.pipeline_parallel_config == "enable_dp_comm_overlap enable_delay_scale_loss"
@@ -101,7 +101,7 @@ def test_lifted_while_the_engine_serves(four_ranks):
     # PaddleNLP reads either word as one comm-overlap request: beside dp alone the sharding
     # word means dp overlap too, and its Trainer, which reads only the dp word, would
     # all-reduce what the engine reduced: the refusal stays
-    ("enable_sharding_comm_overlap", {}, unit.REFUSAL),
+    ("enable_sharding_comm_overlap", {}, impl.REFUSAL),
     # with sharding asked for the dp word means sharding overlap (dp degree 1 here), which
     # PaddleNLP checks itself: the word stays, and PaddleNLP decides as without the plugin
     ("enable_dp_comm_overlap", dict(sharding="stage1", sharding_parallel_degree=2),
@@ -115,7 +115,7 @@ def test_kept_where_the_word_means_more(four_ranks, words, extra, error):
     with pytest.raises((ValueError, AssertionError), match=error) as without:
         make_args(words, **extra)
     paddle_ext.enable()
-    assert unit._engine_serves()
+    assert impl.engine_serves()
     with pytest.raises(without.type, match=error) as with_plugin:
         make_args(words, **extra)
     assert str(with_plugin.value) == str(without.value)

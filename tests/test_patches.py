@@ -1,7 +1,10 @@
-"""The patch series: enable/disable round trips, configuration, the table."""
+"""The patch series: enable/disable round trips, configuration, the table, the generic
+verify (every swap a unit made still holds), and the upstream PR numbers agreeing across
+patches/series, each UNIT.upstream, README.md's unit table and CHANGELOG.md."""
 
 import importlib
 import os
+import re
 import subprocess
 import sys
 import types
@@ -50,7 +53,7 @@ def patched_attributes():
     owners += [(owner, "fused_rotary_position_embedding") for owner in fused_rotary.owners()]
     owners += [(flash_attention.owner(), name) for name in flash_attention.NAMES]
     owners += [(compat.pipeline_layer_class(), name) for name in ("get_schedule_chunk", "build_schedule_nodes")]
-    if compat.paddle_version() < NATIVE_FROM["shared_comm_sep"]:
+    if compat.paddle_before(*NATIVE_FROM["shared_comm_sep"]):
         owners += [(compat.pipeline_layer_class(), "_construct_shared_comm")]
     base = compat.process_group_classes()[0]
     owners += [(base, name) for name in ("all_reduce", "broadcast", "send", "recv", "barrier")]
@@ -78,7 +81,7 @@ def patched_attributes():
     if host_recompute.UNIT.unavailable() is None:  # CPU builds
         owners += [(owner, name) for owner, name, _ in compat.recompute_cpu_refusals()]
         owners += [(compat.hybrid_recompute_layer(), "backward")]
-    if compat.paddle_version()[:2] < (3, 1):  # 2.6, 3.0: the unit adds them (3.1+ have Paddle's)
+    if compat.paddle_before(3, 1):  # 2.6, 3.0: the unit adds them (3.1+ have Paddle's)
         owners += [(compat.meta_parallel_module(), name) for name in ("ScheduleNode", "ScheduleChunk")]
     return {(id(o), name): vars(o).get(name, MISSING) for o, name in owners}
 
@@ -170,7 +173,7 @@ OPTIONAL_PACKAGES = {"paddleformers_overlap": ("paddleformers", "paddlenlp")}
 # Units for a part of Paddle some releases lack: skipped (with the reason) there.
 RELEASE_PARTS = {"host_checkpoint": "flex_checkpoint"}
 # Units whose change Paddle ships from a release on: reported native there, not applied.
-NATIVE_FROM = {"shared_comm_sep": (3, 1, 0)}
+NATIVE_FROM = {"shared_comm_sep": (3, 1)}
 
 
 def test_every_unit_applies_on_this_paddle():
@@ -183,7 +186,7 @@ def test_every_unit_applies_on_this_paddle():
             assert status.startswith("skipped (") and "not installed" in status, (unit, status)
         elif unit in RELEASE_PARTS and importlib.util.find_spec(f"paddle.distributed.{RELEASE_PARTS[unit]}") is None:
             assert status.startswith("skipped (") and RELEASE_PARTS[unit] in status, (unit, status)
-        elif unit in NATIVE_FROM and compat.paddle_version() >= NATIVE_FROM[unit]:
+        elif unit in NATIVE_FROM and not compat.paddle_before(*NATIVE_FROM[unit]):
             assert status.startswith("native upstream (Paddle ") and "ships it" in status, (unit, status)
         else:
             assert status == "applied", (unit, status)
@@ -280,7 +283,7 @@ def test_requirements_pin_what_each_release_breaks_with():
 
 def test_both_refused_joins_the_plugins_error_class_and_paddles():
     from paddle_ext.ops._checks import InvalidArgumentError, UnsupportedDtypeError
-    from paddle_ext.patches._unit import both_refused
+    from paddle_ext.ops.routes import both_refused
 
     refusal = UnsupportedDtypeError("query must have dtype in ('float32',), got float64")
     joint = both_refused(refusal, ValueError("(InvalidArgument) heads differ\n  [Hint: ...]"))
@@ -295,3 +298,206 @@ def test_both_refused_joins_the_plugins_error_class_and_paddles():
     # a class that cannot be built from a message: Paddle's own error
     undecodable = UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
     assert both_refused(bad, undecodable) is undecodable
+
+
+# ------------------------------------------------- verify: every swap still holds
+
+def _put_back(owner, attr, original):
+    """What a user's code (or another plugin) does that undoes one swap: the original
+    object back on owner.attr."""
+    from paddle_ext.patches._unit import MISSING
+
+    if original is MISSING:
+        delattr(owner, attr)
+    else:
+        setattr(owner, attr, original)
+
+
+def test_verify_names_the_unit_and_the_attribute_of_each_swap_undone():
+    """Every unit that applies here: each swap it recorded (and each module global an
+    imported=True swap rebound) is undone alone, and verify() reports that unit and that
+    attribute, and nothing else; put back, verify() is clean again."""
+    from paddle_ext.patches._unit import describe
+
+    paddle_ext.enable()
+    s = series()
+    assert s.verify() == []
+    applied = [state for state in s.states if state.patcher is not None]
+    assert {state.unit.name for state in applied} >= {"gloo_calc_stream", "pipeline_engine", "fused_rotary",
+                                                      "flash_attention", "c_embedding_check"}
+    for state in applied:
+        assert state.patcher.swaps, state.unit.name
+        for swap in list(state.patcher.swaps):
+            breaks = [(swap.owner, swap.attr, describe(swap.owner, swap.attr))]
+            breaks += [(module, name, f"{module.__name__}.{name} (bound where") for module, name in swap.bindings]
+            for owner, attr, named in breaks:
+                installed = vars(owner).get(attr)  # swap.new, or a later unit's wrapper of it
+                _put_back(owner, attr, swap.original)
+                try:
+                    problems = s.verify()
+                finally:
+                    setattr(owner, attr, installed)
+                # this unit names the attribute; a later unit that wrapped the same one (comm_debug
+                # traces what gloo_calc_stream installed) may name it too, nothing else does
+                assert any(p.startswith(f"unit {state.unit.name}: {named}") for p in problems), (named, problems)
+                assert all(re.match(rf"unit \w+: {re.escape(named)}", p) for p in problems), (named, problems)
+            assert s.verify() == []
+
+
+def test_pipeline_engine_verifies_all_four_names_it_swaps():
+    """pipeline_engine swaps fleet.distributed_model, fleet's model module's, the strategy's
+    hybrid_configs property and ParallelEnv.device_id: each one undone is reported."""
+    paddle_ext.enable()
+    (state,) = [st for st in series().states if st.unit.name == "pipeline_engine"]
+    fleet, fleet_model = compat.fleet_modules()
+    targets = [(compat.distributed_strategy_class(), "hybrid_configs"), (fleet_model, "distributed_model"),
+               (fleet, "distributed_model"), (compat.parallel_env_class(), "device_id")]
+    assert [(swap.owner, swap.attr) for swap in state.patcher.swaps] == targets
+    for swap in state.patcher.swaps:
+        _put_back(swap.owner, swap.attr, swap.original)
+        try:
+            (problem,) = series().verify()
+        finally:
+            setattr(swap.owner, swap.attr, swap.new)
+        assert problem.startswith("unit pipeline_engine: ") and f".{swap.attr} is not the object" in problem
+
+
+def test_a_unit_whose_swap_does_not_hold_after_apply_is_refused_and_reverted(monkeypatch):
+    """Series.apply verifies each unit right after its apply(): a unit whose swap is
+    undone at once (a property that refuses the assignment, say) raises naming the unit
+    and the attribute, and leaves nothing behind."""
+    from paddle_ext.patches import Series
+    from paddle_ext.patches._unit import Patcher, PatchUnit
+
+    class Owner:
+        value = "original"
+
+    class Config:
+        @staticmethod
+        def unit_enabled(name):
+            return True
+
+    def apply(patcher: Patcher) -> None:
+        patcher.swap(Owner, "value", "installed")
+        Owner.value = "someone else's"
+
+    unit = PatchUnit(name="undone", upstream=(1001,), title="t", summary="s", apply=apply)
+    with pytest.raises(RuntimeError, match=r"verify failed after apply\(\): unit undone: "
+                                           r"tests\.test_patches\..*Owner\.value is not the object"):
+        Series([unit]).apply(Config())
+    assert vars(Owner)["value"] == "original"
+
+
+def test_an_import_hook_gone_before_its_module_loads_is_reported():
+    """The check a unit that patches modules on import adds beyond identity
+    (paddleformers_overlap): its hook waits in sys.meta_path until the module loads."""
+    from paddle_ext.patches._unit import Patcher, import_hook_problems, on_import
+
+    patcher = Patcher()
+    on_import(patcher, "paddle_ext_test_module_never_imported", lambda p, m: None)
+    try:
+        assert patcher.problems() == [] and import_hook_problems(patcher) == []
+        (hook,) = [swap.owner for swap in patcher.swaps]
+        sys.meta_path.remove(hook)
+        assert import_hook_problems(patcher) == [
+            "the import hook for paddle_ext_test_module_never_imported is not in sys.meta_path, and "
+            "paddle_ext_test_module_never_imported is not loaded"]
+    finally:
+        patcher.revert()
+        if hook in sys.meta_path:
+            sys.meta_path.remove(hook)
+
+
+def test_unavailable_comes_from_the_declared_ops_and_modules(monkeypatch):
+    from paddle_ext.ops import _library
+    from paddle_ext.patches._unit import PatchUnit
+
+    def unit(**fields):
+        return PatchUnit(name="u", upstream=(1001,), title="t", summary="s", apply=lambda p: None, **fields)
+
+    assert unit(requires_ops=("pe_rotary",), requires_modules=("paddle.nn",)).unavailable() is None
+    reason = unit(requires_modules=("paddle.no_such_module",)).unavailable()
+    assert reason.startswith("paddle.no_such_module cannot be imported here (No module named 'paddle.no_such_module'")
+    assert unit(requires_ops=("pe_no_such_op",)).unavailable() == (
+        "paddle_ext's op library lacks pe_no_such_op: reinstall paddle-ext")
+    # the library's own loading, with its "built for this Paddle" check
+    monkeypatch.setattr(_library, "load", lambda: (_ for _ in ()).throw(_library.OpLibraryError("built for 2.6.2")))
+    assert unit(requires_ops=("pe_rotary",)).unavailable() == "built for 2.6.2"
+    assert unit(requires=lambda: "a cuda build", requires_ops=("pe_rotary",)).unavailable() == "a cuda build"
+
+
+def test_native_from_is_read_through_compat(monkeypatch):
+    from paddle_ext.patches._unit import PatchUnit
+
+    unit = PatchUnit(name="u", upstream=(1001,), title="t", summary="s", apply=lambda p: None, native_from=(3, 1))
+    asked = []
+    monkeypatch.setattr(compat, "paddle_before", lambda major, minor: asked.append((major, minor)) or True)
+    assert not unit.native() and asked == [(3, 1)]
+    monkeypatch.setattr(compat, "paddle_before", lambda major, minor: False)
+    assert unit.native()
+
+
+# ------------------------------------------------- the PR numbers, in one place each
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _prs(text: str) -> list[int]:
+    return [int(n) for n in re.findall(r"#(\d+)", text)]
+
+
+def _series_prs() -> dict[str, list[int]]:
+    """unit -> the PRs of its patches/series line, in order (the authority)."""
+    from paddle_ext.patches import SERIES_FILE
+
+    found = {}
+    with open(SERIES_FILE) as f:
+        for line in f:
+            name = line.split("#", 1)[0].strip()
+            if name:
+                found[name] = _prs(line)
+    return found
+
+
+def _readme_prs() -> dict[str, list[int]]:
+    """unit -> the PRs of its row in README.md's unit table."""
+    with open(os.path.join(ROOT, "README.md")) as f:
+        text = f.read()
+    table = text[text.index("| unit | upstream | what it does |"):].split("\n\n", 1)[0]
+    rows = [line.split("|")[1:3] for line in table.splitlines()[2:] if line.startswith("|")]
+    return {name.strip(): _prs(upstream) for name, upstream in rows}
+
+
+def _changelog_entries() -> list[str]:
+    with open(os.path.join(ROOT, "CHANGELOG.md")) as f:
+        return re.split(r"\n- ", f.read())[1:]
+
+
+def test_series_and_each_units_upstream_agree():
+    series_prs = _series_prs()
+    assert list(series_prs) == read_series()
+    for state in series().states:
+        assert list(state.unit.upstream) == series_prs[state.unit.name], state.unit.name
+
+
+def test_readme_unit_table_agrees_with_the_series():
+    """One row per unit, in series order, with the series line's PRs. (Fails until the lead
+    adds the rows of comm_debug and eager_connection: issue 40's report gives their text.)"""
+    assert _readme_prs() == _series_prs()
+    assert list(_readme_prs()) == list(_series_prs())
+
+
+def test_changelog_entries_carry_each_units_prs():
+    """Each PR of a unit's series line is in a CHANGELOG entry naming the unit, and the
+    entry that introduces a unit ("cherry from: ... (#N) — unit `name`") names no PR the
+    series line lacks."""
+    entries = _changelog_entries()
+    for name, prs in _series_prs().items():
+        mentioning = [e for e in entries if re.search(rf"units?\s+`{name}`", e)]
+        for pr in prs:
+            assert any(f"#{pr}" in e for e in mentioning), f"CHANGELOG: no entry of unit {name} names #{pr}"
+        introducing = [e for e in mentioning if re.search(rf"cherry[^`]*—\s+unit\s+`{name}`", e)]
+        assert introducing, f"CHANGELOG: no entry introduces unit {name}"
+        for entry in introducing:
+            head = entry[:re.search(rf"—\s+unit\s+`{name}`", entry).start()]
+            assert set(_prs(head)) <= set(prs), (name, head)

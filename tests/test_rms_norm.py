@@ -9,6 +9,7 @@ import pytest
 import paddle_ext
 import paddle_ext.ops as ops
 from paddle_ext import compat
+from paddle_ext.ops.routes import rms_norm as routes
 from paddle_ext.patches import fused_rms_norm as unit
 
 F = paddle.incubate.nn.functional
@@ -238,8 +239,8 @@ def test_stock_paddle_has_no_cpu_kernel_and_enabling_serves_both_import_styles()
 # Paddle's own float32 CPU forward of fused_rms_norm, as the unit reads it: none (2.6.2),
 # runs, or unrunnable (AVX-512F only, on a CPU without it: a call would stop the test
 # process with SIGILL, so tests never make one then).
-PADDLE_FLOAT32 = unit.paddle_float32_kernel(getattr(paddle._C_ops, QUANT_OP)) if HAS_QUANT else unit.NONE
-PADDLE_FLOAT32_RUNS = PADDLE_FLOAT32 == unit.RUNS
+PADDLE_FLOAT32 = routes.paddle_float32_kernel(getattr(paddle._C_ops, QUANT_OP)) if HAS_QUANT else routes.NONE
+PADDLE_FLOAT32_RUNS = PADDLE_FLOAT32 == routes.RUNS
 NO_PADDLE_FLOAT32 = "this Paddle's float32 fused_rms_norm forward does not run on this CPU"
 
 @pytest.fixture
@@ -249,9 +250,9 @@ def without_avx512f(monkeypatch):
     from paddle_ext import cpu_math
 
     monkeypatch.setattr(cpu_math, "has_avx512f", lambda: False)
-    unit.paddle_float32_kernel.cache_clear()
+    routes.paddle_float32_kernel.cache_clear()
     yield
-    unit.paddle_float32_kernel.cache_clear()
+    routes.paddle_float32_kernel.cache_clear()
 
 
 CHILD_STOCK_CALL = """
@@ -275,11 +276,11 @@ def test_the_units_reading_of_paddles_float32_kernel_is_what_a_stock_call_does()
 
     child = subprocess.run([sys.executable, "-c", CHILD_STOCK_CALL], capture_output=True, text=True,
                            timeout=240)
-    outcome = {unit.RUNS: (0, "ANSWERED"), unit.NONE: (0, "REFUSED"), unit.UNRUNNABLE: (-signal.SIGILL, "")}
+    outcome = {routes.RUNS: (0, "ANSWERED"), routes.NONE: (0, "REFUSED"), routes.UNRUNNABLE: (-signal.SIGILL, "")}
     code, word = outcome[PADDLE_FLOAT32]
     assert child.returncode == code, (PADDLE_FLOAT32, child.returncode, child.stderr[-2000:])
     assert word in child.stdout
-    if PADDLE_FLOAT32 == unit.NONE:
+    if PADDLE_FLOAT32 == routes.NONE:
         assert "not registered" in child.stdout
 
 
@@ -287,7 +288,7 @@ def test_fused_rms_norm_float32_where_paddle_has_no_usable_cpu_kernel_runs_the_p
     if not HAS_QUANT or PADDLE_FLOAT32_RUNS:
         pytest.skip("this Paddle computes fused_rms_norm's float32 forward on CPU")
     x, w, g = tensors([2, 3, 16], 48, "float32")
-    if PADDLE_FLOAT32 == unit.NONE:
+    if PADDLE_FLOAT32 == routes.NONE:
         with pytest.raises(RuntimeError, match="not registered"):
             F.fused_rms_norm(x, w, None, 1e-6, 1)
     paddle_ext.enable()
@@ -313,7 +314,7 @@ def test_where_paddles_float32_kernel_cannot_run_the_plugin_never_hands_it_a_cal
     with pytest.raises(InvalidArgumentError, match="epsilon must be a finite number >= 0, got -0.001") as err:
         F.fused_rms_norm(x, w, None, -1e-3, 1)
     assert isinstance(err.value, ValueError) and isinstance(err.value, AssertionError)
-    if PADDLE_FLOAT32 == unit.NONE:  # 2.6.2: no CPU kernel at all
+    if PADDLE_FLOAT32 == routes.NONE:  # 2.6.2: no CPU kernel at all
         with pytest.raises(RuntimeError, match="not registered"):
             F.fused_rms_norm(x, w, None, 1e-6, 1, quant_scale=0.5)
     else:
@@ -488,7 +489,7 @@ def test_fused_bias_residual_without_avx512f_follow_the_gpu_kernel(without_avx51
     before = [t.numpy().copy() for t in (x, bias, residual) if t is not None]
     paddle_ext.enable()
     # UNRUNNABLE, or NONE where Paddle has no float32 CPU kernel at all (2.6.2): the plugin's either way
-    assert unit.paddle_float32_kernel(getattr(paddle._C_ops, QUANT_OP)) != unit.RUNS
+    assert routes.paddle_float32_kernel(getattr(paddle._C_ops, QUANT_OP)) != routes.RUNS
     out, residual_out = F.fused_rms_norm(x, w, nb, 1e-6, axis, bias=bias, residual=residual)
     want, want_residual = fused_reference(as_f64(x), as_f64(w), None if nb is None else as_f64(nb),
                                           None if bias is None else as_f64(bias),
@@ -523,7 +524,7 @@ def test_fused_bias_residual_without_avx512f_agree_with_paddles_avx512_kernel(wi
     stock_out, stock_residual = call()  # Paddle's AVX-512 kernel: the unit is not enabled yet
     paddle_ext.enable()
     out, residual_out = call()
-    assert unit.paddle_float32_kernel(getattr(paddle._C_ops, QUANT_OP)) == unit.UNRUNNABLE
+    assert routes.paddle_float32_kernel(getattr(paddle._C_ops, QUANT_OP)) == routes.UNRUNNABLE
     assert rel(out.numpy(), stock_out.numpy()) < 1e-6
     if residual is not None:
         assert np.array_equal(residual_out.numpy(), stock_residual.numpy())

@@ -527,16 +527,16 @@ def test_static_programs_on_gpu_builds_keep_paddles_op(clean_series, monkeypatch
     mode and static programs on CPU builds; on a GPU build a static program keeps
     Paddle's op, whose GPU kernel answers (GPU tensors in dynamic mode likewise:
     tests/gpu/test_rotary_gpu.py checks Paddle's bits through the name there)."""
-    from paddle_ext import compat
-    from paddle_ext.patches import fused_rotary as unit
+    from paddle_ext import devices
+    from paddle_ext.ops.routes import rotary as routes
 
     q = paddle.to_tensor(np.ones((1, 3, 2, 4), "float32"))
-    assert unit.plugin_serves(q)
+    assert routes.plugin_serves(q)
     paddle.enable_static()
     try:
-        assert unit.plugin_serves(None) == (compat.device_build() == "cpu")
-        monkeypatch.setattr(compat, "device_build", lambda: "cuda")
-        assert not unit.plugin_serves(None)
+        assert routes.plugin_serves(None) == (devices.device_build() == "cpu")
+        monkeypatch.setattr(devices, "device_build", lambda: "cuda")
+        assert not routes.plugin_serves(None)
     finally:
         paddle.disable_static()
 

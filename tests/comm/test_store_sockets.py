@@ -12,6 +12,7 @@ import pytest
 from paddle.base import core
 
 from paddle_ext.comm import store_sockets
+from paddle_ext.patches import series
 
 
 def _free_port() -> int:
@@ -170,7 +171,7 @@ def test_the_unit_wraps_the_job_stores_constructor_and_gives_paddles_back(clean_
     clean_series.enable()
     wrapped = core.create_or_get_global_tcp_store
     assert wrapped is not original and wrapped.__wrapped__ is original
-    assert wrapped.__paddle_ext_unit__ == "store_latency"
+    assert series().installed_by(wrapped) == "store_latency"
     clean_series.disable()
     assert core.create_or_get_global_tcp_store is original
 

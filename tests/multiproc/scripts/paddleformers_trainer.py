@@ -120,6 +120,7 @@ from paddleformers.transformers import (
 )
 
 import paddle_ext
+from paddle_ext import patches
 from paddle_ext.pipeline.v_layer import v_segmented
 
 # A user's order: PaddleFormers imported first (its attention interface has taken Paddle's
@@ -522,7 +523,7 @@ def main():
                   "main_grads": trainer.first_main_grads,
                   "sequence_parallel_params": sum(bool(getattr(p, "sequence_parallel", False))
                                                   for p in pipe.parameters()),
-                  "flashmask_unit": getattr(pf_flashmask.flashmask_attention, "__paddle_ext_unit__", None)}
+                  "flashmask_unit": patches.series().installed_by(pf_flashmask.flashmask_attention)}
         if cfg.get("eval_resume"):
             result.update(evaluate_and_resume(trainer, cfg, out_dir, dataset, config))
         with open(os.path.join(out_dir, f"result.{name}.{rank}.json"), "w") as f:

@@ -46,7 +46,7 @@ from paddlenlp.trainer import Trainer, TrainerCallback, TrainingArguments  # noq
 from paddlenlp.trainer.training_args import TrainingArguments as _Args  # noqa: E402
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe  # noqa: E402
 
-from paddle_ext import compat  # noqa: E402
+from paddle_ext import compat, patches  # noqa: E402
 
 VOCAB, HIDDEN, SEQ, LAYERS, STEPS, ACC, DP, LR, SEED = 64, 16, 8, 4, 3, 4, 2, 1e-2, 1234
 ADAM_EPSILON = 1e-4  # as paddleformers_trainer.py's, for the reason given there
@@ -163,7 +163,7 @@ def main():
                    dp_comm_overlap=getattr(engine, "_dp_comm_overlap", None),
                    delay_scale_loss=getattr(engine, "_delay_scale_loss", None),
                    optimizer_reduces=optimizer_reduces(trainer.optimizer),
-                   lifted_by=getattr(_Args.__post_init__, "__paddle_ext_unit__", None))
+                   lifted_by=patches.series().installed_by(_Args.__post_init__))
         with open(os.path.join(out_dir, f"result.{name}.{rank}.json"), "w") as f:
             json.dump(out, f)
         print(f"rank {rank}: config {name} done", flush=True)
