@@ -1,6 +1,7 @@
-"""What the parity rank scripts share: a grad-recording optimizer wrapper, the
-mapping from a rank's parameters to the single-process reference's, and a bitwise
-comparison that names what differed."""
+"""What the parity rank scripts share: the single-process oracle (ReferenceRun: the
+reference model's training steps as the pipeline must reproduce them), a grad-recording
+optimizer wrapper, the mapping from a rank's parameters to the reference's, and a
+bitwise comparison that names what differed."""
 
 import numpy as np
 
@@ -45,6 +46,75 @@ def v_stage_params(model):
                         seen.add(id(p))
                         out[(layer.layer_id, head, name)] = p
     return out
+
+
+def accumulate(ref, ids, labels, m, mbs, delay, scaler=None):
+    """Forward and backward of the M micro-batches in order, the gradients accumulating
+    on `ref`'s parameters: each micro-batch's loss / M, or under delay_scale_loss the
+    plain losses (their grads are scaled by finish()). Returns the step's loss as the
+    pipeline reports it (the sum of the scaled losses, or their sum / M)."""
+    import paddle
+
+    total = paddle.zeros([])
+    for mb in range(m):
+        part = ref(ids[mb * mbs:(mb + 1) * mbs], labels[mb * mbs:(mb + 1) * mbs])
+        if m > 1 and not delay:
+            part = part / m
+        (scaler.scale(part) if scaler is not None else part).backward()
+        total += part.detach()
+    return total / m if delay else total
+
+
+def finish(ref, m, delay, tie=True):
+    """The accumulated gradients as the pipeline's are at the optimizer: the tied
+    embedding / head pair summed (tie), then under delay_scale_loss every gradient / M."""
+    if tie:
+        ref.tie_grads()
+    if delay:
+        for p in ref.parameters():
+            if p.grad is not None:
+                p.grad.set_value(p.grad.scale(1.0 / m))
+
+
+class ReferenceRun:
+    """The single-process oracle of the parity scripts: `model` (the reference, built
+    with the pipeline model's initial weights) trained with Adam (lr 1e-2) on whole
+    batches of M micro-batches of `mbs` rows, optionally under an AMP GradScaler (loss
+    scaling 2**10). `keys` are stage_params keys: step() returns the loss and those
+    parameters' gradients, params() their values."""
+
+    def __init__(self, model, keys, m, mbs, delay=False, scaler=False, tie=True):
+        import paddle
+
+        self.model, self.m, self.mbs, self.delay, self.tie = model, m, mbs, delay, tie
+        self.params_by_key = {key: ref_param(model, key) for key in keys}
+        self.opt = paddle.optimizer.Adam(1e-2, parameters=model.parameters())
+        self.scaler = paddle.amp.GradScaler(init_loss_scaling=1024.0) if scaler else None
+
+    def step(self, ids, labels):
+        """One optimizer step: (loss, {key: grad or None}) as numpy, the grads as the
+        optimizer saw them (unscaled under the GradScaler, as the pipeline's are inside
+        scaler.step)."""
+        loss = accumulate(self.model, ids, labels, self.m, self.mbs, self.delay, self.scaler)
+        finish(self.model, self.m, self.delay, self.tie)
+        if self.scaler is not None:
+            self.scaler.unscale_(self.opt)
+        grads = {k: None if p.grad is None else p.grad.numpy().copy() for k, p in self.params_by_key.items()}
+        if self.scaler is not None:
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            self.opt.step()
+        self.opt.clear_grad()
+        return loss.numpy(), grads
+
+    def params(self):
+        """{key: value} of the parameters named by `keys`, now."""
+        return {k: p.numpy().copy() for k, p in self.params_by_key.items()}
+
+    def eval_loss(self, ids, labels):
+        """eval_batch's loss on this batch (reference_eval_loss)."""
+        return reference_eval_loss(self.model, ids, labels, self.m, self.mbs, self.delay).numpy()
 
 
 def reference_eval_loss(ref, ids, labels, m, mbs, delay):

@@ -31,7 +31,7 @@ import paddle.distributed as dist
 import paddle.distributed.fleet as fleet
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
-from _parity import GradRecorder, assert_equal, stage_params  # noqa: E402
+from _parity import GradRecorder, ReferenceRun, assert_equal, stage_params  # noqa: E402
 
 import paddle_ext  # noqa: E402
 from examples.overlap_gpt import Reference, TiedEmbedding, overlap_model  # noqa: E402
@@ -47,39 +47,9 @@ NLP_CONFIG = "forward_backward_overlap_scheduler enable_overlap_p2p_comm"
 def reference_run(keys, blocks, m, delay, use_scaler):
     """Per step (loss, {key: grad}) and the final {key: param} of the single-process run."""
     paddle.seed(0)
-    ref = Reference(VOCAB, HIDDEN, SEQ, blocks=blocks)
-    params = {k: getattr(ref.layer(k[0], k[1]), k[2].split(".")[0]).__getattr__(k[2].split(".")[1])
-              for k in keys}
-    opt = paddle.optimizer.Adam(1e-2, parameters=ref.parameters())
-    scaler = paddle.amp.GradScaler(init_loss_scaling=1024.0) if use_scaler else None
-    steps = []
-    for step in range(STEPS):
-        ids, labels = batch(step, m * MBS, SEQ, VOCAB)
-        total = paddle.zeros([])
-        for mb in range(m):
-            part = ref(ids[mb * MBS:(mb + 1) * MBS], labels[mb * MBS:(mb + 1) * MBS])
-            if m > 1 and not delay:
-                part = part / m
-            (scaler.scale(part) if scaler else part).backward()
-            total += part.detach()
-        if delay:
-            total = total / m
-        ref.tie_grads()
-        if delay:
-            for p in ref.parameters():
-                if p.grad is not None:
-                    p.grad.set_value(p.grad.scale(1.0 / m))
-        if scaler:
-            scaler.unscale_(opt)  # the pipeline's grads are unscaled inside scaler.step
-        steps.append((total.numpy(), {k: None if p.grad is None else p.grad.numpy().copy()
-                                      for k, p in params.items()}))
-        if scaler:
-            scaler.step(opt)
-            scaler.update()
-        else:
-            opt.step()
-        opt.clear_grad()
-    return steps, {k: p.numpy().copy() for k, p in params.items()}
+    oracle = ReferenceRun(Reference(VOCAB, HIDDEN, SEQ, blocks=blocks), keys, m, MBS, delay, scaler=use_scaler)
+    steps = [oracle.step(*batch(step, m * MBS, SEQ, VOCAB)) for step in range(STEPS)]
+    return steps, oracle.params()
 
 
 def pipeline_run(hcg, vpp, m, mode, delay, use_scaler, via_fleet):

@@ -74,7 +74,7 @@ import paddle.distributed.fleet as fleet
 from paddle.distributed.fleet.utils import mix_precision_utils
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
-from _parity import check_split, ref_param, stage_params, v_stage_params  # noqa: E402
+from _parity import accumulate, check_split, ref_param, stage_params, v_stage_params  # noqa: E402
 
 import examples.overlap_gpt as overlap_gpt  # noqa: E402
 import examples.tiny_gpt as tiny_gpt  # noqa: E402
@@ -149,15 +149,7 @@ def run_engine(hcg, vpp, m, delay, overlap, bucket_kb, hidden, use_scaler, fb, p
 
 def shard_grads(ref, ids, labels, m, delay, scaler, tied=True):
     """One shard's accumulated gradients (tied pair summed, unless untied), and its loss."""
-    loss = paddle.zeros([])
-    for mb in range(m):
-        part = ref(ids[mb * MBS:(mb + 1) * MBS], labels[mb * MBS:(mb + 1) * MBS])
-        if m > 1 and not delay:
-            part = part / m
-        (scaler.scale(part) if scaler is not None else part).backward()
-        loss += part.detach()
-    if delay:
-        loss = loss / m
+    loss = accumulate(ref, ids, labels, m, MBS, delay, scaler)
     if tied:
         ref.tie_grads()
     grads = {id(p): (None if p.grad is None else p.grad.numpy().copy()) for p in ref.parameters()}

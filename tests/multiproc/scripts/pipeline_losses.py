@@ -18,7 +18,7 @@ import paddle
 import paddle.distributed.fleet as fleet
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
-from _parity import GradRecorder, assert_equal, ref_param, stage_params, v_stage_params  # noqa: E402
+from _parity import GradRecorder, assert_equal, finish, ref_param, stage_params, v_stage_params  # noqa: E402
 
 import paddle_ext  # noqa: E402
 from examples import overlap_gpt, tiny_gpt  # noqa: E402
@@ -121,12 +121,7 @@ def run_kind(hcg, kind, chosen):
         ids, labels = tiny_gpt.batch(step, m * MBS, SEQ, VOCAB)
         got = engine.train_batch([ids, labels], opt, loss_fn_idx=chosen, return_micro_batch_loss=per_mb)
         want = totals(reference_losses(ref, head, ids, labels, m, chosen, delay, True), per_mb, m, delay)
-        if tied:
-            ref.tie_grads()
-        if delay:
-            for p in ref.parameters():
-                if p.grad is not None:
-                    p.grad.set_value(p.grad.scale(1.0 / m))
+        finish(ref, m, delay, tie=tied)
         tag = f"{kind} loss_fn_idx={chosen} step {step}"
         check_list(tag, got, want)
         for key, p in ref_params.items():

@@ -21,14 +21,7 @@ import paddle
 import paddle.distributed.fleet as fleet
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
-from _parity import (  # noqa: E402
-    GradRecorder,
-    assert_equal,
-    check_split,
-    ref_param,
-    reference_eval_loss,
-    stage_params,
-)
+from _parity import GradRecorder, ReferenceRun, assert_equal, check_split, stage_params  # noqa: E402
 
 import paddle_ext  # noqa: E402
 from examples.tiny_gpt import Embedding, Reference, batch, pipeline_model  # noqa: E402
@@ -44,7 +37,6 @@ def run_pair(hcg, vpp, m, delay, via_fleet, use_scaler=False, kind=None):
     model = pipeline_model(VOCAB, HIDDEN, SEQ, blocks=pp * vpp, pp=pp, vpp=vpp)
     ref = Reference(VOCAB, HIDDEN, SEQ, blocks=pp * vpp)
     mine = stage_params(model, stage, Embedding)
-    ref_params = {key: ref_param(ref, key) for key in mine}
     if via_fleet:
         engine = fleet.distributed_model(model)
         assert isinstance(engine, PipelineEngine), type(engine)
@@ -56,46 +48,21 @@ def run_pair(hcg, vpp, m, delay, via_fleet, use_scaler=False, kind=None):
         assert engine._links is None  # overlap_p2p=False given: the compute thread's blocking transfers
         opt = paddle.optimizer.Adam(1e-2, parameters=model.parameters())
     recorder = GradRecorder(opt, mine)
-    ref_opt = paddle.optimizer.Adam(1e-2, parameters=ref.parameters())
-    scaler = ref_scaler = None
-    if use_scaler:
-        scaler = fleet.distributed_scaler(paddle.amp.GradScaler(init_loss_scaling=1024.0))
-        ref_scaler = paddle.amp.GradScaler(init_loss_scaling=1024.0)
+    oracle = ReferenceRun(ref, mine, m, MBS, delay, scaler=use_scaler)
+    scaler = fleet.distributed_scaler(paddle.amp.GradScaler(init_loss_scaling=1024.0)) if use_scaler else None
     for step in range(STEPS):
         ids, labels = batch(step, m * MBS, SEQ, VOCAB)
         loss = engine.train_batch([ids, labels], recorder, scaler=scaler)
-        ref_loss = paddle.zeros([])
-        for mb in range(m):
-            part = ref(ids[mb * MBS:(mb + 1) * MBS], labels[mb * MBS:(mb + 1) * MBS])
-            if m > 1 and not delay:
-                part = part / m
-            (ref_scaler.scale(part) if use_scaler else part).backward()
-            ref_loss += part.detach()
-        if delay:
-            ref_loss = ref_loss / m
-        ref.tie_grads()
-        if delay:
-            for p in ref.parameters():
-                if p.grad is not None:
-                    p.grad.set_value(p.grad.scale(1.0 / m))
+        ref_loss, ref_grads = oracle.step(ids, labels)
         tag = f"pp={pp} vpp={vpp} M={m} step {step}"
-        assert_equal(f"{tag} loss", loss.numpy(), ref_loss.numpy())
-        if use_scaler:
-            ref_scaler.unscale_(ref_opt)  # the pipeline side's grads were unscaled inside scaler.step
-        for key, p in ref_params.items():
-            assert_equal(f"{tag} grad of {key}", recorder.grads[key], None if p.grad is None else p.grad.numpy())
-        if use_scaler:
-            ref_scaler.step(ref_opt)
-            ref_scaler.update()
-        else:
-            ref_opt.step()
-        ref_opt.clear_grad()
-    for key, p in ref_params.items():
-        assert_equal(f"pp={pp} vpp={vpp} M={m} param {key} after {STEPS} steps", mine[key].numpy(), p.numpy())
+        assert_equal(f"{tag} loss", loss.numpy(), ref_loss)
+        for key, grad in ref_grads.items():
+            assert_equal(f"{tag} grad of {key}", recorder.grads[key], grad)
+    for key, value in oracle.params().items():
+        assert_equal(f"pp={pp} vpp={vpp} M={m} param {key} after {STEPS} steps", mine[key].numpy(), value)
     ids, labels = batch(STEPS, m * MBS, SEQ, VOCAB)
     eval_loss = engine.eval_batch([ids, labels], compute_loss=True)
-    ref_eval = reference_eval_loss(ref, ids, labels, m, MBS, delay)
-    assert_equal(f"pp={pp} vpp={vpp} M={m} eval_batch loss", eval_loss.numpy(), ref_eval.numpy())
+    assert_equal(f"pp={pp} vpp={vpp} M={m} eval_batch loss", eval_loss.numpy(), oracle.eval_loss(ids, labels))
     predicted = simulate(engine.schedule(m)).peak_in_flight[stage]
     assert engine.last_step.peak_in_flight <= predicted, (engine.last_step.peak_in_flight, predicted)
     note = ""

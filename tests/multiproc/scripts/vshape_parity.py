@@ -35,14 +35,7 @@ import paddle
 import paddle.distributed.fleet as fleet
 
 sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
-from _parity import (  # noqa: E402
-    GradRecorder,
-    assert_equal,
-    check_split,
-    ref_param,
-    reference_eval_loss,
-    v_stage_params,
-)
+from _parity import GradRecorder, ReferenceRun, assert_equal, check_split, v_stage_params  # noqa: E402
 
 import paddle_ext  # noqa: E402
 from examples import overlap_gpt  # noqa: E402
@@ -85,7 +78,6 @@ def run(hcg, kind, m, tied, delay, via_fleet, overlap=False, p2p=False, vary=Fal
             return method(*args, **kwargs)
         model.overlapped_forward_backward = counted
     mine = v_stage_params(model)
-    refs = {key: ref_param(ref, key) for key in mine}
     if via_fleet:
         engine = fleet.distributed_model(model)
         assert isinstance(engine, PipelineEngine), type(engine)
@@ -95,7 +87,7 @@ def run(hcg, kind, m, tied, delay, via_fleet, overlap=False, p2p=False, vary=Fal
                                                              overlap_p2p=p2p, dynamic_shape=vary))
         opt = paddle.optimizer.Adam(1e-2, parameters=model.parameters())
     recorder = GradRecorder(opt, mine)
-    ref_opt = paddle.optimizer.Adam(1e-2, parameters=ref.parameters())
+    oracle = ReferenceRun(ref, mine, m, MBS, delay, tie=tied)
     exact = not tied  # the tied weight's sum order differs (module docstring)
     tag = f"pp={pp} {kind} M={m} tied={tied} delay_scale_loss={delay} overlap_model={overlap} p2p={p2p}"
     if vary:
@@ -105,34 +97,17 @@ def run(hcg, kind, m, tied, delay, via_fleet, overlap=False, p2p=False, vary=Fal
     for step in range(STEPS):
         ids, labels = batch(step, m * MBS, SEQ // 2 if vary and step == 1 else SEQ, VOCAB)
         loss = engine.train_batch([ids, labels], recorder)
-        ref_loss = paddle.zeros([])
-        for mb in range(m):
-            part = ref(ids[mb * MBS:(mb + 1) * MBS], labels[mb * MBS:(mb + 1) * MBS])
-            if m > 1 and not delay:
-                part = part / m
-            part.backward()
-            ref_loss += part.detach()
-        if delay:
-            ref_loss = ref_loss / m
-            for p in ref.parameters():
-                if p.grad is not None:
-                    p.grad.set_value(p.grad.scale(1.0 / m))
-        if tied:
-            ref.tie_grads()
+        ref_loss, ref_grads = oracle.step(ids, labels)
         if via_fleet and kind == "dualpipev":
             assert loss.shape == [1] and loss.dtype == paddle.float32, (loss.shape, loss.dtype)
-        close(f"{tag} step {step} loss", loss.numpy().reshape([]), ref_loss.numpy(), exact or step == 0)
-        for key, p in refs.items():
-            close(f"{tag} step {step} grad of {key}", recorder.grads[key], None if p.grad is None else p.grad.numpy(),
-                  exact or (step == 0 and key[0] != 0))
-        ref_opt.step()
-        ref_opt.clear_grad()
-    for key, p in refs.items():
-        close(f"{tag} param {key} after {STEPS} steps", mine[key].numpy(), p.numpy(), exact)
+        close(f"{tag} step {step} loss", loss.numpy().reshape([]), ref_loss, exact or step == 0)
+        for key, grad in ref_grads.items():
+            close(f"{tag} step {step} grad of {key}", recorder.grads[key], grad, exact or (step == 0 and key[0] != 0))
+    for key, value in oracle.params().items():
+        close(f"{tag} param {key} after {STEPS} steps", mine[key].numpy(), value, exact)
     ids, labels = batch(STEPS, m * MBS, SEQ, VOCAB)
     eval_loss = engine.eval_batch([ids, labels], compute_loss=True)
-    ref_eval = reference_eval_loss(ref, ids, labels, m, MBS, delay)
-    close(f"{tag} eval_batch loss", eval_loss.numpy().reshape([]), ref_eval.numpy(), exact)
+    close(f"{tag} eval_batch loss", eval_loss.numpy().reshape([]), oracle.eval_loss(ids, labels), exact)
     sched = engine.schedule(m)
     predicted = simulate(sched).peak_in_flight[stage]
     assert engine.last_step.peak_in_flight <= predicted, (engine.last_step.peak_in_flight, predicted)
