@@ -13,7 +13,7 @@ import pytest
 import paddle_ext
 from examples.overlap_gpt import LMLoss, Reference, TiedEmbedding, TransformerBlock
 from examples.tiny_gpt import batch
-from paddle_ext import compat
+from paddle_ext import compat, upstream
 from paddle_ext.config import parse_pipeline_parallel_config, pp_config
 from paddle_ext.patches import series
 from paddle_ext.pipeline import nodes
@@ -139,8 +139,8 @@ def test_plugin_nodes_reject_what_they_cannot_pair():
 
 
 def test_fb_overlap_unit_installs_upstreams_names(enabled):
-    meta_parallel = compat.meta_parallel_module()
-    layer_cls = compat.pipeline_layer_class()
+    meta_parallel = upstream.meta_parallel_module()
+    layer_cls = upstream.pipeline_layer_class()
     from paddle.distributed.fleet.meta_parallel import (  # as upstream code does
         ScheduleChunk,
         ScheduleNode,

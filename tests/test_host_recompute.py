@@ -19,7 +19,7 @@ from paddle.distributed.fleet.recompute.recompute_hybrid import recompute_hybrid
 from paddle.distributed.fleet.utils import recompute
 from paddle.incubate.distributed.fleet import recompute_sequential
 
-from paddle_ext import compat, devices
+from paddle_ext import compat, devices, upstream
 from paddle_ext.patches import host_recompute, series
 from paddle_ext.pipeline.runtime.slots import release as _release
 
@@ -104,11 +104,11 @@ def test_stock_paddle_refuses_the_cpu_where_the_unit_applies(clean_series):
 def test_the_copies_run_paddles_code_and_see_its_module_as_it_is(clean_series):
     clean_series.enable()
     assert series().verify() == []
-    assert series().installed_by(vars(compat.hybrid_recompute_layer())["forward"]) == "host_recompute"
-    layer = compat.hybrid_recompute_layer()
+    assert series().installed_by(vars(upstream.hybrid_recompute_layer())["forward"]) == "host_recompute"
+    layer = upstream.hybrid_recompute_layer()
     copy = layer.forward
     assert copy.__code__ is copy.__wrapped__.__code__
-    module = compat.recompute_modules()[1]
+    module = upstream.recompute_modules()[1]
     seen = []
     original = module.get_rng_state_tracker
     module.get_rng_state_tracker = lambda: seen.append("forward") or original()

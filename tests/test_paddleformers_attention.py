@@ -16,13 +16,13 @@ import numpy as np
 import paddle
 import pytest
 
-from paddle_ext import compat
+from paddle_ext import devices
 from paddle_ext.patches import series
 
 pytest.importorskip("paddleformers")
 from paddleformers.nn.attention import eager_attention, flashmask_attention  # noqa: E402
 
-pytestmark = pytest.mark.skipif(compat.device_build() != "cpu", reason="Paddle's own kernels answer on GPU builds")
+pytestmark = pytest.mark.skipif(devices.device_build() != "cpu", reason="Paddle's own kernels answer on GPU builds")
 
 B, S, HEADS, KV_HEADS, D = 2, 12, 4, 2, 8
 DOCUMENTS = [[0, 5, 12], [0, 3, 4, 12]]  # document bounds per sequence

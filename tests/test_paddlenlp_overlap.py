@@ -16,8 +16,8 @@ import tempfile
 import pytest
 
 import paddle_ext
-from paddle_ext import compat
 from paddle_ext import trainer_overlap as impl
+from paddle_ext import upstream
 
 training_args = pytest.importorskip("paddlenlp.trainer.training_args", reason="PaddleNLP is not installed")
 
@@ -92,7 +92,7 @@ def test_lifted_while_the_engine_serves(four_ranks):
     assert (args.pipeline_parallel_degree, args.data_parallel_degree) == (2, 2)
     assert len(given) == 1
     assert (pp_config(given[0], "dp_comm_overlap"), pp_config(given[0], "delay_scale_loss")) == (False, True)
-    strategy = compat.fleet_strategy()
+    strategy = upstream.fleet_strategy()
     assert (pp_config(strategy, "dp_comm_overlap"), pp_config(strategy, "delay_scale_loss")) == (True, True)
     assert strategy.hybrid_configs["dp_degree"] == 2 and strategy.hybrid_configs["pp_degree"] == 2
 

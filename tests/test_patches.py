@@ -14,7 +14,7 @@ import paddle
 import pytest
 
 import paddle_ext
-from paddle_ext import compat
+from paddle_ext import compat, devices, upstream
 from paddle_ext.comm.gloo_exchange import EXCHANGE_METHODS
 from paddle_ext.patches import (
     device_synchronize,
@@ -34,8 +34,8 @@ pytestmark = pytest.mark.usefixtures("clean_series")
 
 def patched_attributes():
     """Every attribute the series touches, read from its owner's own dict."""
-    mp_ops = compat.mp_ops_module()
-    gloo = compat.gloo_process_group_class()
+    mp_ops = upstream.mp_ops_module()
+    gloo = upstream.gloo_process_group_class()
     owners = [(mp_ops, "_c_lookup_table"), (importlib.import_module("paddle.base.core"), "create_or_get_global_tcp_store")]
     owners += [(gloo, name) for name in ("all_reduce_on_calc_stream", "send_on_calc_stream",
                                          "recv_on_calc_stream", "broadcast_on_calc_stream",
@@ -46,19 +46,19 @@ def patched_attributes():
     owners += [(owner, "c_identity") for owner in compat.c_identity_owners()]
     owners += [(owner, "c_concat") for owner in compat.c_concat_owners()]
     owners += [(owner, "c_softmax_with_cross_entropy") for owner, _ in compat.c_softmax_with_cross_entropy_owners()]
-    owners += [(compat.collective_module(), "_new_process_group_impl")]
-    owners += [(module, "distributed_model") for module in compat.fleet_modules()]
-    owners += [(compat.parallel_env_class(), "device_id")]
-    owners += [(compat.distributed_strategy_class(), "hybrid_configs")]
+    owners += [(upstream.collective_module(), "_new_process_group_impl")]
+    owners += [(module, "distributed_model") for module in upstream.fleet_modules()]
+    owners += [(upstream.parallel_env_class(), "device_id")]
+    owners += [(upstream.distributed_strategy_class(), "hybrid_configs")]
     owners += [(owner, "fused_rotary_position_embedding") for owner in fused_rotary.owners()]
     owners += [(flash_attention.owner(), name) for name in flash_attention.NAMES]
-    owners += [(compat.pipeline_layer_class(), name) for name in ("get_schedule_chunk", "build_schedule_nodes")]
+    owners += [(upstream.pipeline_layer_class(), name) for name in ("get_schedule_chunk", "build_schedule_nodes")]
     if compat.paddle_before(*NATIVE_FROM["shared_comm_sep"]):
-        owners += [(compat.pipeline_layer_class(), "_construct_shared_comm")]
-    base = compat.process_group_classes()[0]
+        owners += [(upstream.pipeline_layer_class(), "_construct_shared_comm")]
+    base = upstream.process_group_classes()[0]
     owners += [(base, name) for name in ("all_reduce", "broadcast", "send", "recv", "barrier")]
-    owners += [(compat.parallel_module(), "_set_default_store")]
-    owners += [(compat.hybrid_communicate_group_class(), "__init__")]
+    owners += [(upstream.parallel_module(), "_set_default_store")]
+    owners += [(upstream.hybrid_communicate_group_class(), "__init__")]
     owners += [(gloo, name) for name in ("eager_connect", "eager_connect_ring_exchange")]
     owners += [(owner, "synchronize") for owner in device_synchronize.owners()]
     owners += [(fused_rms_norm.owner(), name) for name in fused_rms_norm.present()]
@@ -80,9 +80,9 @@ def patched_attributes():
         owners += [(m, name) for m in fusions for name in ("alignment", "get_current_device_type")]
     if host_recompute.UNIT.unavailable() is None:  # CPU builds
         owners += [(owner, name) for owner, name, _ in compat.recompute_cpu_refusals()]
-        owners += [(compat.hybrid_recompute_layer(), "backward")]
+        owners += [(upstream.hybrid_recompute_layer(), "backward")]
     if compat.paddle_before(3, 1):  # 2.6, 3.0: the unit adds them (3.1+ have Paddle's)
-        owners += [(compat.meta_parallel_module(), name) for name in ("ScheduleNode", "ScheduleChunk")]
+        owners += [(upstream.meta_parallel_module(), name) for name in ("ScheduleNode", "ScheduleChunk")]
     return {(id(o), name): vars(o).get(name, MISSING) for o, name in owners}
 
 
@@ -113,7 +113,7 @@ def test_enable_disable_round_trip_restores_identical_objects():
     after = patched_attributes()
     assert all(after[key] is before[key] for key in before)
     # inherited pybind methods came back by deletion, not by a copy
-    gloo = compat.gloo_process_group_class()
+    gloo = upstream.gloo_process_group_class()
     assert "all_reduce_on_calc_stream" not in vars(gloo)
 
 
@@ -158,7 +158,7 @@ def test_a_name_imported_before_enable_reaches_the_plugin_and_gets_paddles_back(
     got = early.flash_attn_unpadded(*args)[0].numpy()
     want = paddle_ext.ops.flash_attn_unpadded(*args)[0].numpy()
     np.testing.assert_array_equal(got, want)
-    if compat.device_build() == "cpu":  # what the caller had before: no CPU kernel
+    if devices.device_build() == "cpu":  # what the caller had before: no CPU kernel
         with pytest.raises(RuntimeError, match="not registered"):
             paddles(*args)
 
@@ -193,7 +193,7 @@ def test_every_unit_applies_on_this_paddle():
 
 
 def test_a_unit_switched_off_by_config_is_reverted_and_reported():
-    mp_ops = compat.mp_ops_module()
+    mp_ops = upstream.mp_ops_module()
     original = mp_ops._c_lookup_table
     paddle_ext.enable()
     assert mp_ops._c_lookup_table is not original
@@ -209,7 +209,7 @@ def test_environment_switches_units(monkeypatch):
     monkeypatch.setenv("PADDLE_EXT_PATCHES", "gloo_calc_stream=off")
     paddle_ext.enable()
     assert statuses()["gloo_calc_stream"] == "disabled by config"
-    assert "all_reduce_on_calc_stream" not in vars(compat.gloo_process_group_class())
+    assert "all_reduce_on_calc_stream" not in vars(upstream.gloo_process_group_class())
 
 
 @pytest.mark.parametrize(
@@ -239,7 +239,7 @@ def test_checked_lookup_used_by_fleet_raises_on_bad_ids():
     table = paddle.to_tensor(np.ones((4, 2), dtype="float32"))
     ids = paddle.to_tensor(np.array([1, 12], dtype="int64"))
     with pytest.raises(IndexError, match=r"ids\[1\] = 12 is out of range"):
-        compat.mp_ops_module()._c_lookup_table(table, ids, start_index=0, vocab_size=8)
+        upstream.mp_ops_module()._c_lookup_table(table, ids, start_index=0, vocab_size=8)
 
 
 def test_cli_prints_the_table():
@@ -349,9 +349,9 @@ def test_pipeline_engine_verifies_all_four_names_it_swaps():
     hybrid_configs property and ParallelEnv.device_id: each one undone is reported."""
     paddle_ext.enable()
     (state,) = [st for st in series().states if st.unit.name == "pipeline_engine"]
-    fleet, fleet_model = compat.fleet_modules()
-    targets = [(compat.distributed_strategy_class(), "hybrid_configs"), (fleet_model, "distributed_model"),
-               (fleet, "distributed_model"), (compat.parallel_env_class(), "device_id")]
+    fleet, fleet_model = upstream.fleet_modules()
+    targets = [(upstream.distributed_strategy_class(), "hybrid_configs"), (fleet_model, "distributed_model"),
+               (fleet, "distributed_model"), (upstream.parallel_env_class(), "device_id")]
     assert [(swap.owner, swap.attr) for swap in state.patcher.swaps] == targets
     for swap in state.patcher.swaps:
         _put_back(swap.owner, swap.attr, swap.original)

@@ -80,26 +80,19 @@ __all__ = [
     "tensors_share_host_memory", "paddle_links_system_zlib",
 ]
 
-# --- transitional: NOT version differences. They are reachable as compat.<name> only because
-# callers that other work owns still write that (patches/*.py and the ops routes the patch-unit
-# rewrite is moving, pipeline/engine.py and pipeline/v_layer.py, trainer_overlap.py, a few
-# tests); each is looked up at its home when asked for (no import of those homes here, so no
-# import circle). Remove a name once its callers use the home.
+# --- transitional: NOT version differences. pipeline/engine.py and pipeline/v_layer.py (rewritten
+# by other work at the time of the split) still write compat.<name> for these; each is looked up
+# at its home when asked for (no import of the homes here, so no import circle). Remove a name
+# once those callers use its home.
 TRANSITIONAL = {
-    "device_build": "paddle_ext.devices",
-    "cpu_kernel_dtypes": "paddle_ext.ops._checks",
-    "in_dynamic_mode": "paddle_ext.ops._modes",
+    "global_rank": "paddle_ext.upstream",
+    "pipeline_layer_class": "paddle_ext.upstream",
     "pipeline_model_chunks": "paddle_ext.pipeline.layer_internals",
-    **{name: "paddle_ext.upstream" for name in (
-        "collective_module", "distributed_strategy_class", "fleet_hcg", "fleet_modules", "fleet_strategy",
-        "global_rank", "gloo_process_group_class", "group_map", "hybrid_communicate_group_class",
-        "hybrid_recompute_layer", "job_store", "meta_parallel_module", "mp_ops_module", "parallel_env_class",
-        "parallel_module", "pipeline_layer_class", "pp_config_message", "process_group_classes",
-        "recompute_modules")},
 }
 
 
 def __getattr__(name: str) -> Any:
+    """compat.<name> for a TRANSITIONAL name: the function at its home."""
     home = TRANSITIONAL.get(name)
     if home is None:
         raise AttributeError(f"module 'paddle_ext.compat' has no attribute {name!r}")

@@ -46,7 +46,7 @@ from paddlenlp.trainer import Trainer, TrainerCallback, TrainingArguments  # noq
 from paddlenlp.trainer.training_args import TrainingArguments as _Args  # noqa: E402
 from paddlenlp.transformers import LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe  # noqa: E402
 
-from paddle_ext import compat, patches  # noqa: E402
+from paddle_ext import patches, upstream  # noqa: E402
 
 VOCAB, HIDDEN, SEQ, LAYERS, STEPS, ACC, DP, LR, SEED = 64, 16, 8, 4, 3, 4, 2, 1e-2, 1234
 ADAM_EPSILON = 1e-4  # as paddleformers_trainer.py's, for the reason given there
@@ -128,7 +128,7 @@ def train(name, out_dir, dataset):
         pipeline_parallel_degree=2, pipeline_parallel_config=CONFIGS[name])
     if name != next(iter(CONFIGS)):  # this config's own job's strategy (module docstring)
         words = CONFIGS[name].split(" ")
-        compat.fleet_strategy().hybrid_configs = {"pp_configs": {
+        upstream.fleet_strategy().hybrid_configs = {"pp_configs": {
             "dp_comm_overlap": "enable_dp_comm_overlap" in words, "delay_scale_loss": "enable_delay_scale_loss" in words}}
     config = model_config()
     pipe = LlamaForCausalLMPipe(config)
