@@ -33,12 +33,12 @@ def tensor_device_kind() -> str:
 
 
 def current_expected_place() -> Any:
-    """The place new tensors go to (paddle.set_device's): _current_expected_place_
-    on 3.x, _current_expected_place on 2.6."""
+    """The place new tensors go to (paddle.set_device's): paddle.framework's
+    _current_expected_place_ (2.6.2 and 3.x alike; its _current_expected_place answers a
+    generic Place while a PIR program is being built)."""
     from paddle import framework
 
-    getter = getattr(framework, "_current_expected_place_", None) or framework._current_expected_place
-    return getter()
+    return framework._current_expected_place_()
 
 
 def place_from_string(device: str) -> Any:

@@ -16,11 +16,11 @@ def in_dynamic_mode() -> bool:
 
 
 def in_pir_mode() -> bool:
-    """Whether a static program is being built in PIR (3.x's default; 2.6 has none)."""
+    """Whether a static program is being built in PIR (3.x's default; 2.6.2 has the same
+    paddle.framework.in_pir_mode, true only with FLAGS_enable_pir_api on)."""
     import paddle
 
-    fn = getattr(getattr(paddle, "framework", None), "in_pir_mode", None)
-    return bool(fn()) if fn is not None else False
+    return bool(paddle.framework.in_pir_mode())
 
 
 def is_tensor(value: Any) -> bool:
@@ -34,8 +34,7 @@ def is_tensor(value: Any) -> bool:
 
     if isinstance(value, Variable):
         return True
-    value_class = getattr(getattr(paddle, "pir", None), "Value", None)
-    return value_class is not None and isinstance(value, value_class)
+    return isinstance(value, paddle.pir.Value)  # paddle.pir.Value: 2.6.2 and 3.x
 
 
 def _append_custom_op(op_name: str, args: tuple) -> list:
