@@ -3,7 +3,9 @@
 Real PaddleFormers (pip: paddleformers==1.2.0, `pip install .[paddleformers]`), its
 Trainer and a tiny LlamaForCausalLMPipe on gloo ranks, against a single-process
 LlamaForCausalLM with the same weights and data (scripts/paddleformers_trainer.py).
-Skipped where PaddleFormers is not installed; ci/paddleformers.sh installs it.
+Skipped where PaddleFormers is not installed; ci/paddleformers.sh installs it. The
+configs are named records (trainer_configs.py): what each run sets and what it must show;
+the tests below read them, one test per kind of expectation.
 
 Bounds, per config (relative to the largest magnitude of each parameter / the loss):
 - losses the Trainer logs: 1e-6 (it logs them rounded to 8 decimals);
@@ -49,37 +51,27 @@ from tests.multiproc.trainer_checks import (
     check_losses_and_params,
     launch_results,
 )
+from tests.multiproc.trainer_configs import CONFIGS, launch_of
 
 pytest.importorskip("paddleformers.trainer", reason="PaddleFormers is not installed (pip install .[paddleformers])")
 
 pytestmark = pytest.mark.multiprocess
 
-# one launch per topology and strategy; configs that differ only in the plugin's own
-# pp_configs (zb, zbd, cs, re: set through enable() per config), or only in the model (ph, gm, go), share
-# their base's (zbv does not: PaddleFormers' TrainingArguments skip fleet.init once the parallel
-# context exists, so a second Trainer in one process keeps the first one's strategy, here b's
-# forward_backward_overlap_scheduler; fleet.init itself takes a second strategy, measured)
-LAUNCHES = {"a,zb,ph,gm,go": 2, "a1": 2, "b": 2, "zbv": 2, "c,d,zbd,cs": 4, "f": 4, "g": 2, "h": 2, "i": 4, "e": 4, "j": 4, "k": 2, "l": 2, "m": 2,
-            "n,x": 2, "o,y": 2, "p": 4, "q": 2, "r,re": 4, "s": 2, "t": 2, "u": 2, "v": 2, "w": 2, "z": 2, "rc": 2}
-# Sharding stages 2 and 3, and stage 1 with split_param, keep the reduced gradients in
-# buffers of their own, not in the .grad a callback reads: for them the parameters are the check.
-# sharding stage 1 without pipeline parallelism: fleet's ShardingParallel wrapper
-STAGE1_WITHOUT_PP = ("q", "s", "t", "u", "v", "w", "z")
-NO_GRADIENT_VIEW = {"n", "o", "p", "q", "r", "re", "v", "w", "x", "y", "z"}
-
 
 def of(results, name: str) -> dict:
     """Config `name`'s per-rank results, from the launch that runs it."""
-    return results(next(k for k in LAUNCHES if name in k.split(",")))[name]
+    return results(launch_of(name))[name]
 
 
 @pytest.fixture(scope="module")
 def results():
     out = {}
 
-    def run(names: str) -> dict:
+    def run(names) -> dict:
         if names not in out:
-            out[names] = launch_results("paddleformers_trainer.py", names, nproc=LAUNCHES[names], timeout=420)
+            nproc = {CONFIGS[n].ranks for n in names}
+            assert len(nproc) == 1, f"one launch, one topology: {names} {nproc}"
+            out[names] = launch_results("paddleformers_trainer.py", ",".join(names), nproc=nproc.pop(), timeout=420)
         return out[names]
 
     return run
@@ -99,53 +91,52 @@ def _check_parity(per_rank: dict, gradients: bool = True) -> None:
         check_losses_and_params(rank, r, steps=3)
 
 
-CONFIGS = [name for launch_names in LAUNCHES for name in launch_names.split(",")]
+def _check_classes(cfg, classes: list) -> None:
+    """Without pipeline parallelism Paddle's own wrapper (cfg.wrapper: TensorParallel,
+    GroupShardedStage2 / 3, ShardingParallel); with it fleet's PipelineParallel served by the
+    plugin's PipelineEngine, also an instance of cfg.classes_include."""
+    if cfg.wrapper is not None:
+        assert classes[0] == cfg.wrapper, classes
+        return
+    assert "PipelineParallel" in classes and classes[1] == "PipelineEngine", classes
+    assert set(cfg.classes_include) <= set(classes), (cfg.classes_include, classes)
 
 
-@pytest.mark.parametrize("name", CONFIGS)
+@pytest.mark.parametrize("name", list(CONFIGS))
 def test_trainer_parity(results, name):
-    per_rank = of(results, name)
-    _check_parity(per_rank, gradients=name not in NO_GRADIENT_VIEW)
+    """Every config within the bounds (module docstring), and as its record expects: the
+    wrapper classes, the result values of `expect` (schedule, model class, attention, the
+    engine's overlap flags...), sequence-parallel parameters where sequence_parallel,
+    float32 main_grads or none, the stage 1 sharding optimizer and its switches."""
+    cfg, per_rank = CONFIGS[name], of(results, name)
+    _check_parity(per_rank, gradients=cfg.gradient_view)
     # Gemma 3's norms scale by 1 + w from w = 0: compared as that scale (compare() in the
     # script); a config's other parameters, and every other config's, as they are
     offset = per_rank[0]["unit_offset_weights"]
-    assert bool(offset) == (name == "gm") and all(k.endswith("norm.weight") for k in offset), offset
-    classes = per_rank[0]["classes"]
-    if name == "m":  # no pipeline: fleet's own TensorParallel wrapper, on CPU
-        assert classes[0] == "TensorParallel", classes
-        return
-    if name in ("n", "o", "x", "y", *STAGE1_WITHOUT_PP):  # no pipeline: Paddle's sharding wrappers
-        wrapper = {"n": "GroupShardedStage2", "o": "GroupShardedStage3"}
-        assert classes[0] == wrapper.get({"x": "n", "y": "o"}.get(name, name), "ShardingParallel"), classes
-        return
-    assert "PipelineParallel" in classes and classes[1] == "PipelineEngine"
-    if name == "b":
-        assert "PipelineParallelWithInterleave" in classes
-    if name == "g":  # the Trainer's use_dualpipev: the plugin's DualPipeV on the V-segmented pipe
-        assert [per_rank[0]["schedule"], per_rank[0]["placement"]] == ["dualpipev", "v"], per_rank[0]
-    if name == "i":  # sequence parallelism: the norms' weights are sequence-parallel parameters
-        assert all(r["sequence_parallel_params"] > 0 for r in per_rank.values()), per_rank
-    if name == "l":  # ERNIE 4.5 with the fused ops on: flashmask, fused rope, fused RMSNorm (its default)
-        for r in per_rank.values():
-            assert [r["model"], r["attn_implementation"], r["rope_fusion"]] == [
-                "Ernie4_5ForCausalLMPipe", "flashmask", True], r
-    if name in ("ph", "gm", "go"):  # other model families on the same engine
-        want = {"ph": "Phi3ForCausalLMPipe", "gm": "Gemma3ForCausalLMPipe", "go": "GptOssForCausalLMPipe"}[name]
-        assert all(r["model"] == want for r in per_rank.values()), per_rank[0]["model"]
-    if name in ("h", "l"):  # PaddleFormers' flashmask attention, its module's name imported before enable()
-        for r in per_rank.values():
-            assert [r["attn_implementation"], r["flashmask_unit"]] == ["flashmask", "flash_attention"], r
+    assert bool(offset) == (cfg.model == "gemma3") and all(k.endswith("norm.weight") for k in offset), offset
+    _check_classes(cfg, per_rank[0]["classes"])
+    for rank, r in per_rank.items():
+        assert {k: r[k] for k in cfg.expect} == dict(cfg.expect), (rank, {k: r[k] for k in cfg.expect})
+        if cfg.sequence_parallel:  # the norms' weights are sequence-parallel parameters
+            assert r["sequence_parallel_params"] > 0, (rank, r["sequence_parallel_params"])
+        if cfg.main_grads is not None:
+            assert (r["main_grads"] > 0) == cfg.main_grads, (rank, r["main_grads"])
+        state = r["sharding_optimizer"]
+        if cfg.sharding_optimizer is not None:
+            assert state["class"] == cfg.sharding_optimizer, (rank, state)
+        if cfg.sharding_switches is not None:
+            assert {k for k, on in state.items() if on is True} == cfg.sharding_switches, (rank, state)
 
 
-@pytest.mark.parametrize("name", ["c", "d", "f", "zbd", "cs"])
+@pytest.mark.parametrize("name", [name for name, cfg in CONFIGS.items() if cfg.hybrid_clip])
 def test_gradient_clipping_takes_the_global_norm(results, name):
     """max_grad_norm > 0 (PaddleFormers' default is 1.0; here CLIP, below every step's norm, so
-    that every step clips) at pp2 x dp2, with and without dp overlap, and pp2 x tp2: the
-    global norm fleet's HybridParallelClipGrad takes over the stages and the tensor-parallel
-    slices, after the engine's gradient reduction, equals the single process's gradients'
-    (the tied embedding / head weight counted once per stage that holds it, as Paddle counts
-    it, or once with the plugin's opt-in pp_configs.count_shared_weights_once: cs); the
-    parameters of the clipped steps are held to the usual bounds (test_trainer_parity)."""
+    that every step clips) under pipeline parallelism (pp2 x dp2, with and without dp overlap,
+    pp2 x tp2, ZB-H1): the global norm fleet's HybridParallelClipGrad takes over the stages and
+    the tensor-parallel slices, after the engine's gradient reduction, equals the single
+    process's gradients' (the tied embedding / head weight counted once per stage that holds
+    it, as Paddle counts it, or once with the plugin's opt-in pp_configs.count_shared_weights_once:
+    cs); the parameters of the clipped steps are held to the usual bounds (test_trainer_parity)."""
     for rank, r in of(results, name).items():
         assert len(r["grad_norms"]) == 3 and len(r["ref_grad_norms"]) == 3, (rank, r["grad_norms"])
         for got, want in zip(r["grad_norms"], r["ref_grad_norms"]):
@@ -153,141 +144,45 @@ def test_gradient_clipping_takes_the_global_norm(results, name):
         assert min(r["grad_norms"]) > r["clip"], (rank, r["grad_norms"], r["clip"])
 
 
-def test_dp_overlap_through_the_trainer_is_exact(results):
-    both = {"c": of(results, "c"), "d": of(results, "d")}
-    for rank in both["d"]:
-        assert both["d"][rank]["dp_comm_overlap"] and not both["c"][rank]["dp_comm_overlap"]
-        assert both["d"][rank]["losses"] == both["c"][rank]["losses"]
-        assert both["d"][rank]["digest"] == both["c"][rank]["digest"], f"rank {rank}: overlap on != off"
-
-
-def test_sharding_overlap_through_the_trainer_is_exact(results):
-    """j: pp_sharding_comm_overlap (with the amp_master_grad PaddleFormers requires for it)
-    against e without: the same parameters, bit for bit. Launches of their own: a second
-    fleet.init in one process keeps the first strategy's pipeline configs (overlap off)."""
-    both = {"e": of(results, "e"), "j": of(results, "j")}
-    for rank in both["j"]:
-        assert both["j"][rank]["sharding_comm_overlap"] and not both["e"][rank]["sharding_comm_overlap"]
-        assert both["j"][rank]["main_grads"] > 0 and both["e"][rank]["main_grads"] == 0, rank
-        assert both["j"][rank]["losses"] == both["e"][rank]["losses"]
-        assert both["j"][rank]["digest"] == both["e"][rank]["digest"], f"rank {rank}: overlap on != off"
-
-
-def test_split_param_sharding_overlap_through_the_trainer(results):
-    """r: p (split_param, PaddleFormers' default) with pp_sharding_comm_overlap: the engine
-    overlaps, reduce-scattering Paddle's FusedCommBuffers, which DygraphShardingOptimizerV2
-    takes (bit for bit p: test_sharding_stage1_switches_leave_the_numbers_alone)."""
-    both = {"p": of(results, "p"), "r": of(results, "r")}
-    for rank in both["r"]:
-        assert both["r"][rank]["sharding_comm_overlap"] and not both["p"][rank]["sharding_comm_overlap"]
-
-
-# config -> (the config it must equal bit for bit, its sharding optimizer, the switches that
-# optimizer must run with): PaddleFormers' sharding stage 1 switches
-STAGE1_SWITCHES = {
-    "t": ("s", "DygraphShardingOptimizer", {"tensor_fusion", "comm_overlap"}),
-    "u": ("s", "DygraphShardingOptimizer", {"_broadcast_overlap"}),
-    "v": ("q", "DygraphShardingOptimizerV2", {"comm_overlap"}),
-    "w": ("q", "DygraphShardingOptimizerV2", {"_all_gather_overlap_forward"}),
-    "z": ("q", "DygraphShardingOptimizerV2", {"sd_release_grads", "enable_fuse_optimizer_states"}),
-    "r": ("p", "DygraphShardingOptimizerV2", {"pp_overlap", "sd_release_grads", "enable_fuse_optimizer_states"}),
-    "re": ("p", "DygraphShardingOptimizerV2", {"pp_overlap", "sd_release_grads", "enable_fuse_optimizer_states"}),
-}
-
-
-@pytest.mark.parametrize("name", sorted(STAGE1_SWITCHES))
-def test_sharding_stage1_switches_leave_the_numbers_alone(results, name):
-    """PaddleFormers' sharding stage 1 switches (stage1_tensor_fusion with stage1_overlap,
-    stage1_broadcast_overlap; with split_param stage1_overlap, stage1_allgather_overlap,
-    sd_release_grads with fuse_optimizer_states, and at pp2 pp_sharding_comm_overlap with
-    both releases): each runs on CPU with the optimizer switched as asked (the optimizer's
-    fused state storage needed the host_sharding unit), and ends with the parameters of the
-    same run without them, bit for bit."""
-    base, cls, flags = STAGE1_SWITCHES[name]
-    both = {base: of(results, base), name: of(results, name)}
-    for rank, r in both[name].items():
-        state = r["sharding_optimizer"]
-        assert state["class"] == cls and {k for k, on in state.items() if on is True} == flags, (rank, state)
-        assert both[base][rank]["sharding_optimizer"]["class"] == cls
-        assert r["losses"] == both[base][rank]["losses"]
-        assert r["digest"] == both[base][rank]["digest"], f"rank {rank}: {name} != {base}"
-
-
-@pytest.mark.parametrize("plain, master", [("n", "x"), ("o", "y")])
-def test_group_sharding_with_main_grads_is_exact(results, plain, master):
-    """x / y: n / o (sharding stage 2 / 3) with amp_master_grad, a bf16 user's setting: the
-    gradients accumulate in float32 main_grads (MixPrecisionLayer) and the stages take them;
-    the same parameters as without, bit for bit."""
-    both = results(f"{plain},{master}")
-    for rank in both[master]:
-        assert both[master][rank]["main_grads"] > 0 and both[plain][rank]["main_grads"] == 0, rank
-        assert both[master][rank]["losses"] == both[plain][rank]["losses"]
-        assert both[master][rank]["digest"] == both[plain][rank]["digest"], f"rank {rank}: main grads changed it"
-
-
-def test_recompute_through_the_pipe_leaves_the_numbers_alone(results):
-    """rc: a with every decoder layer recomputed in its backward (PaddleFormers'
-    recompute_granularity "full"): fleet's recompute ran for every layer's forward of every
-    micro-batch (4 layers over the 2 stages, 4 micro-batches, 3 steps), and the losses and
-    parameters are a's, bit for bit."""
-    a, rc = of(results, "a"), of(results, "rc")
-    for rank in rc:
-        assert rc[rank]["recomputed"] == 2 * 4 * 3 and a[rank]["recomputed"] == 0, (rank, rc[rank]["recomputed"])
-        assert rc[rank]["losses"] == a[rank]["losses"]
-        assert rc[rank]["digest"] == a[rank]["digest"], f"rank {rank}: recompute changed the parameters"
-
-
-@pytest.mark.parametrize("name, base, kind", [("zb", "a", "zb-h1"), ("zbv", "b", "interleaved-zb"),
-                                              ("zbd", "d", "zb-h1")])
-def test_zero_bubble_through_the_trainer(results, name, base, kind):
-    """The plugin's zero-bubble schedules, which PaddleFormers' TrainingArguments cannot name:
-    pp_configs.schedule_mode set for the process through paddle_ext.enable()'s config. ZB-H1
-    (zb, and zbd at pp2 x dp2 with dp overlap and clipping) and interleaved ZB (zbv, vpp2 over
-    5 micro-batches) run as the engine's schedule and end with the parameters and losses of
-    1F1B / VPP (a, d / b), bit for bit: a backward split into I and W computes the same
-    gradients, in the same order per parameter."""
+@pytest.mark.parametrize("name, base", [(n, base) for n, c in CONFIGS.items() for base in c.bitwise_as])
+def test_switches_that_leave_the_numbers_alone(results, name, base):
+    """A config whose record says bitwise_as=(base, ...) ends with base's losses and
+    parameters, bit for bit: dp overlap (d / c) and sharding overlap (j / e) run the same
+    collectives in the same order; the zero-bubble schedules (zb, zbv, zbd) split a backward
+    into I and W computing the same gradients in the same order per parameter; PaddleFormers'
+    sharding stage 1 switches (t, u / s; v, w, z / q; r, re / p), its other pipeline switches
+    (k / a), full recompute (rc / a), main grads under stages 2 / 3 (x / n, y / o) change no
+    number; re, resumed with its buffers handed over early, trains as r does."""
     runs, reference = of(results, name), of(results, base)
     for rank, r in runs.items():
-        assert r["schedule"] == kind, (rank, r["schedule"])
-        assert r["losses"] == reference[rank]["losses"]
+        assert r["losses"] == reference[rank]["losses"], (rank, r["losses"], reference[rank]["losses"])
         assert r["digest"] == reference[rank]["digest"], f"rank {rank}: {name} != {base}"
 
 
-def test_shared_weights_counted_once_in_the_global_norm(results):
+@pytest.mark.parametrize("name, other", [(n, c.norm_below) for n, c in CONFIGS.items() if c.norm_below])
+def test_shared_weights_counted_once_in_the_global_norm(results, name, other):
     """cs: c with the plugin's opt-in pp_configs.count_shared_weights_once: the tied embedding /
     head weight enters the clip's global norm from its first stage only, so the norm the
     Trainer logs is the single process's (test_gradient_clipping_takes_the_global_norm), below
     c's, which counts it on both stages as Paddle does."""
-    c, cs = of(results, "c"), of(results, "cs")
-    for rank in cs:
-        assert all(once < twice for once, twice in zip(cs[rank]["grad_norms"], c[rank]["grad_norms"])), (
-            rank, cs[rank]["grad_norms"], c[rank]["grad_norms"])
+    once, twice = of(results, name), of(results, other)
+    for rank in once:
+        assert all(a < b for a, b in zip(once[rank]["grad_norms"], twice[rank]["grad_norms"])), (
+            rank, once[rank]["grad_norms"], twice[rank]["grad_norms"])
 
 
-def test_every_pipeline_switch_leaves_the_numbers_alone(results):
-    """k: PaddleFormers' other pipeline switches on (release grads, overlap_p2p_comm, ...)
-    against a with them off: the same losses and parameters, bit for bit. Its `timer`
-    reaches the engine as pp_configs enable_timer (the per-step timer line)."""
-    a, k = of(results, "a"), of(results, "k")
-    for rank in k:
-        assert (k[rank]["enable_timer"], a[rank]["enable_timer"]) == (True, False), rank
-        assert k[rank]["losses"] == a[rank]["losses"]
-        assert k[rank]["digest"] == a[rank]["digest"], f"rank {rank}: the switches changed the parameters"
-
-
-def test_resume_under_split_param_sharding_overlap_needs_early_comm_buffers(results):
+@pytest.mark.parametrize("name", [name for name, cfg in CONFIGS.items() if cfg.resume_exact is False])
+def test_resume_under_split_param_sharding_overlap_needs_early_comm_buffers(results, name):
     """r resumes from PaddleFormers' default FlexCheckpoint with the optimizer's states lost:
     DygraphShardingOptimizerV2 under pp sharding overlap takes the pipeline's buffers at its
     first step, after the Trainer loaded the checkpoint (PaddleFormers' behaviour, kept with
     the plugin's key off: fleet's code does the same). re, with the opt-in early_comm_buffers,
     resumes bit for bit (test_evaluate_and_resume) and trains as r does."""
-    r, re = of(results, "r"), of(results, "re")
-    for rank in r:
-        assert r[rank]["resume_max_abs_diff"] > 1e-3, (rank, r[rank]["resume_max_abs_diff"])
-        assert re[rank]["digest"] == r[rank]["digest"] and re[rank]["losses"] == r[rank]["losses"], rank
+    for rank, r in of(results, name).items():
+        assert r["resume_max_abs_diff"] > 1e-3, (rank, r["resume_max_abs_diff"])
 
 
-@pytest.mark.parametrize("name", ["a", "f", "m", "p", "re"])
+@pytest.mark.parametrize("name", [name for name, cfg in CONFIGS.items() if cfg.resume_exact])
 def test_evaluate_and_resume(results, name):
     """f and m resume under tensor parallelism (f with pipeline parallelism and clipping):
     Paddle's FlexCheckpoint loader exchanges the slices between ranks, staged on the host

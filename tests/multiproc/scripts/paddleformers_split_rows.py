@@ -40,7 +40,7 @@ def split_row_parallel(model):
 def run(epsilon, prepare):
     cfg = trainer_script.CONFIGS["f"]
     config = trainer_script.model_config(cfg, 1)
-    dataset = trainer_script.Samples(cfg["acc"] * trainer_script.STEPS)
+    dataset = trainer_script.Samples(cfg.acc * trainer_script.STEPS)
     ref, losses = trainer_script.reference_run(config, cfg, dataset, trainer_script.STEPS, epsilon, prepare)
     params = {k: v.numpy().astype(np.float64) for k, v in ref.state_dict().items()}
     return ref.first_grads, params, losses

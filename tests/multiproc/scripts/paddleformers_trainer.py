@@ -2,80 +2,13 @@
 
 Usage: paddleformers_trainer.py CONFIG[,CONFIG...] OUT_DIR
 
-CONFIG: a  pp2 1F1B, accumulation 4          (2 ranks)
-        a1 pp2 1F1B, accumulation 1 (the Trainer's default gradient_accumulation_steps: fewer
-           micro-batches than stages, which fleet's PipelineParallel takes) (2 ranks)
-        b  pp2 vpp2, accumulation 5, forward_backward_overlap_scheduler (2 ranks)
-        c  pp2 x dp2, gradients clipped by their global norm (max_grad_norm = CLIP, with the
-           amp_master_grad PaddleFormers needs for it with pipeline parallelism) (4 ranks)
-        d  c with dp_comm_overlap             (4 ranks)
-        e  pp2 x sharding2 stage 1            (4 ranks)
-        f  pp2 x tensor parallel 2, the head's logits gathered (tensor_parallel_output=False,
-           c_concat) for the plain cross entropy, gradients clipped as in c; evaluate() and
-           the resume as a's (4 ranks)
-        g  pp2 use_dualpipev, accumulation 5: the Trainer's use_dualpipev on the plugin's
-           DualPipeV, the pipe V-segmented (paddle_ext.pipeline.v_layer.v_segmented) (2 ranks)
-        h  pp2 1F1B, accumulation 4, the pipe's attention PaddleFormers' "flashmask" (the
-           plugin's FlashMask kernel) over samples of two documents each; the reference's
-           eager attention with the mask PaddleFormers builds from the same rows (2 ranks)
-        i  pp2 x tensor parallel 2 with sequence_parallel: the activations between the
-           tensor-parallel blocks split along the sequence, a reduce-scatter after each
-           row-parallel linear (gloo's, from the gloo_calc_stream unit); the logits stay split
-           over the vocabulary (PaddleFormers' default tensor_parallel_output=True): fleet's
-           ParallelCrossEntropy (unit parallel_cross_entropy), as in m (4 ranks)
-        j  e with pp_sharding_comm_overlap: PaddleFormers wants amp_master_grad for it, and
-           that bf16 (fp16_opt_level O2), whose casts and autocast Paddle skips on CPU: the
-           model computes in float32 as e's does, its gradients in float32 main_grads (4 ranks)
-        k  a with every other pipeline switch of PaddleFormers' TrainingArguments on (release
-           grads, overlap_p2p_comm, clear_every_step_cache, best_unbalanced_scheduler,
-           offload_queue, variable_seq_lengths, pp_sync_param / pp_sync_moment, timer): a user's
-           arguments run unchanged, with a's numbers (2 ranks)
-        l  ERNIE 4.5 (dense) instead of Llama, with the fused ops a GPU user turns on: flashmask
-           attention over two documents, fused rotary embedding (apply_rope_fusion) and fused
-           RMSNorm, all three served on CPU by the plugin; the reference runs none of them:
-           ERNIE's own rotary, eager attention, Paddle's plain ops for RMSNorm (2 ranks)
-        m  tensor parallel 2 without pipeline parallelism: fleet's TensorParallel wrapper, whose
-           input broadcast asserts a GPU in stock Paddle (the gloo_calc_stream unit's CPU path),
-           LlamaForCausalLM itself in the Trainer; evaluate() and the resume as a's, the
-           resume resharding the tensor-parallel slices over gloo (unit host_checkpoint) (2 ranks)
-        n  sharding stage 2 without pipeline parallelism (sharding="stage2": Paddle's
-           group_sharded_parallel, GroupShardedStage2, which asserts a GPU in stock Paddle;
-           unit host_sharding), gradients clipped by their global norm (2 ranks)
-        o  n with stage 3 (GroupShardedStage3: every rank holds a slice of each parameter,
-           gathered by get_all_parameters() before the comparison) (2 ranks)
-        x  n with amp_master_grad (bf16, which on CPU changes no number): float32 main_grads,
-           which stage 2 takes (2 ranks, in n's launch)
-        y  o with amp_master_grad (2 ranks, in o's launch)
-        p  pp2 x sharding2 stage 1 with split_param (PaddleFormers' default; Paddle's
-           DygraphShardingOptimizerV2, which wants amp_master_grad): the optimizer reduce-
-           scatters the gradients, the engine reduces none; evaluate() and the resume as a's,
-           the optimizer's slices resharded through FlexCheckpoint (4 ranks)
-        ph a with Phi-3 (Phi3ForCausalLMPipe: fused qkv and gate-up projections, untied head)
-           instead of Llama (2 ranks, in a's launch)
-        gm a with Gemma 3 (Gemma3ForCausalLMPipe: scaled embedding, tied head, q/k norms,
-           sliding-window layers whose window spans the sequence) (2 ranks, in a's launch)
-        go a with GPT-OSS (GptOssForCausalLMPipe: a mixture of 4 experts, 2 per token, in every
-           layer) (2 ranks, in a's launch)
-        rc a with full recompute of every decoder layer (recompute_granularity "full",
-           method "uniform", one layer per unit: fleet's recompute in the pipe's layers)
-           (2 ranks)
-        q  sharding stage 1 with split_param without pipeline parallelism (2 ranks)
-        r  p with pp_sharding_comm_overlap: the optimizer takes the engine's gradient buckets
-           (Paddle's FusedCommBuffers), which the engine reduce-scatters during the backward;
-           with pp_release_grads, sd_release_grads and fuse_optimizer_states (4 ranks)
-        s  sharding stage 1 without pipeline parallelism (split_param off: Paddle's
-           DygraphShardingOptimizer in fleet's ShardingParallel) (2 ranks)
-        t  s with stage1_tensor_fusion and stage1_overlap (2 ranks)
-        u  s with stage1_broadcast_overlap (2 ranks)
-        v  q with stage1_overlap (the optimizer's own reduce-scatter hooks) (2 ranks)
-        w  q with stage1_allgather_overlap (2 ranks)
-        z  q with sd_release_grads and fuse_optimizer_states (the optimizer's FusionStorage,
-           unit host_sharding) (2 ranks)
+CONFIG: a name of tests/multiproc/trainer_configs.py's records, which say what each run
+sets and what the tests expect of it.
 
 CONFIG may name several, comma-separated, for one topology and accumulation count (c,d):
 each gets its own Trainer in this process (a second fleet.init in one process keeps the
 first strategy's pipeline_configs, so configs with another accumulation count need a
-launch of their own). After a: evaluate() against the reference's
+launch of their own). After a config with eval_resume: evaluate() against the reference's
 eval loss, and a run saved at step 2 and resumed with resume_from_checkpoint against
 the uninterrupted run.
 
@@ -123,12 +56,15 @@ import paddle_ext
 from paddle_ext import patches
 from paddle_ext.pipeline.v_layer import v_segmented
 
+sys.path.insert(0, __file__.rsplit("/tests/", 1)[0])
+from tests.multiproc.trainer_configs import CONFIGS, SEQ  # noqa: E402
+
 # A user's order: PaddleFormers imported first (its attention interface has taken Paddle's
 # flashmask_attention by then: config h), the plugin enabled before TrainingArguments set up
 # fleet, so that the plugin's engine serves fleet.distributed_model.
 paddle_ext.enable()
 
-VOCAB, HIDDEN, SEQ, LAYERS, STEPS, LR, SEED = 64, 16, 8, 4, 3, 1e-2, 1234
+VOCAB, HIDDEN, LAYERS, STEPS, LR, SEED = 64, 16, 4, 3, 1e-2, 1234
 
 
 def counted(fn):
@@ -142,7 +78,6 @@ def counted(fn):
 
 
 pf_pp_model.recompute = counted(pf_pp_model.recompute)
-RECOMPUTE = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
 # AdamW's epsilon, the Trainer's (adam_epsilon) and the reference's, every config. AdamW's
 # first update is lr * g / (|g| + eps): its slope in a gradient element is up to lr / eps, so
 # at PaddleFormers' default 1e-8 a gradient element near 1e-8 whose last bits differ (a
@@ -152,58 +87,6 @@ RECOMPUTE = dict(recompute_granularity="full", recompute_method="uniform", recom
 # gradient off by a real factor (a missing scaling) still changes the updates, which a
 # scale-invariant AdamW at 1e-8 would hide.
 ADAM_EPSILON = 1e-4
-# max_grad_norm of the configs that clip: below every step's global norm here (1.6 to 3.3),
-# so that every step clips.
-CLIP = 0.5
-
-CONFIGS = {
-    "a": dict(acc=4, eval_resume=True),
-    "a1": dict(acc=1),
-    "b": dict(acc=5, vpp=2, forward_backward_overlap_scheduler=True),
-    "c": dict(acc=4, dp=2, clip=CLIP),
-    "d": dict(acc=4, dp=2, dp_comm_overlap=True, clip=CLIP),
-    "e": dict(acc=4, sharding=2),
-    "f": dict(acc=4, tp=2, gathered_logits=True, clip=CLIP, eval_resume=True),
-    "g": dict(acc=5, v=True),
-    "h": dict(acc=4, attn="flashmask", documents=(0, 3, SEQ)),
-    "i": dict(acc=4, tp=2, sequence_parallel=True),
-    "j": dict(acc=4, sharding=2, sharding_overlap=True),
-    "m": dict(acc=4, tp=2, pp=1, eval_resume=True),
-    "l": dict(acc=4, model="ernie4_5", attn="flashmask", rope_fusion=True, documents=(0, 5, SEQ),
-              plain_reference=True),
-    "n": dict(acc=4, sharding=2, pp=1, stage="stage2", clip=CLIP),
-    "o": dict(acc=4, sharding=2, pp=1, stage="stage3", clip=CLIP),
-    "x": dict(acc=4, sharding=2, pp=1, stage="stage2", clip=CLIP, master_grad=True),
-    "y": dict(acc=4, sharding=2, pp=1, stage="stage3", clip=CLIP, master_grad=True),
-    "p": dict(acc=4, sharding=2, split_param=True, eval_resume=True),
-    "rc": dict(acc=4, model_config=RECOMPUTE),
-    "ph": dict(acc=4, model="phi3"),
-    "gm": dict(acc=4, model="gemma3"),
-    "go": dict(acc=4, model="gptoss"),
-    "zb": dict(acc=4, plugin_pp=dict(schedule_mode="ZBH1")),
-    "zbv": dict(acc=5, vpp=2, plugin_pp=dict(schedule_mode="ZBVPP")),
-    "zbd": dict(acc=4, dp=2, dp_comm_overlap=True, clip=CLIP, plugin_pp=dict(schedule_mode="ZBH1")),
-    "cs": dict(acc=4, dp=2, clip=CLIP, plugin_pp=dict(count_shared_weights_once=True)),
-    "q": dict(acc=4, sharding=2, pp=1, split_param=True),
-    "r": dict(acc=4, sharding=2, split_param=True, sharding_overlap=True, eval_resume=True,
-              switches=dict(pp_release_grads=True, sd_release_grads=True, fuse_optimizer_states=True)),
-    # r with the plugin's opt-in early_comm_buffers: the optimizer holds the pipeline's
-    # buffers before the checkpoint is loaded, so the resume restores its states
-    "re": dict(acc=4, sharding=2, split_param=True, sharding_overlap=True, eval_resume=True,
-               switches=dict(pp_release_grads=True, sd_release_grads=True, fuse_optimizer_states=True),
-               plugin_pp=dict(early_comm_buffers=True)),
-    "s": dict(acc=4, sharding=2, pp=1),
-    "t": dict(acc=4, sharding=2, pp=1, switches=dict(stage1_tensor_fusion=True, stage1_overlap=True)),
-    "u": dict(acc=4, sharding=2, pp=1, switches=dict(stage1_broadcast_overlap=True)),
-    "v": dict(acc=4, sharding=2, pp=1, split_param=True, switches=dict(stage1_overlap=True)),
-    "w": dict(acc=4, sharding=2, pp=1, split_param=True, switches=dict(stage1_allgather_overlap=True)),
-    "z": dict(acc=4, sharding=2, pp=1, split_param=True, switches=dict(sd_release_grads=True, fuse_optimizer_states=True)),
-    "k": dict(acc=4, switches=dict(pp_release_grads=True, overlap_p2p_comm=True, clear_every_step_cache=True,
-                                   best_unbalanced_scheduler=True, offload_queue=True, variable_seq_lengths=True,
-                                   pp_sync_param=True, pp_sync_moment=True, timer=True)),
-}
-
-
 # model family -> (config class, single-process class, pipe class, extra config arguments)
 MODELS = {
     "llama": (LlamaConfig, LlamaForCausalLM, LlamaForCausalLMPipe, {}),
@@ -232,23 +115,23 @@ def model_classes(config):
 
 
 def model_config(cfg, tp):
-    config_cls, _, _, extra = MODELS[cfg.get("model", "llama")]
+    config_cls, _, _, extra = MODELS[cfg.model]
     config = config_cls(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=2 * HIDDEN,
                         num_hidden_layers=LAYERS, num_attention_heads=2, num_key_value_heads=2,
                         max_position_embeddings=4 * SEQ, dtype="float32", **extra)
-    config._attn_implementation = cfg.get("attn", "eager")
-    config.apply_rope_fusion = cfg.get("rope_fusion", False)
-    if cfg.get("vpp", 1) > 1 or cfg.get("v"):
-        config.virtual_pipeline_model_parallel_size = 2 if cfg.get("v") else cfg["vpp"]
+    config._attn_implementation = cfg.attn
+    config.apply_rope_fusion = cfg.rope_fusion
+    if cfg.vpp > 1 or cfg.v:
+        config.virtual_pipeline_model_parallel_size = 2 if cfg.v else cfg.vpp
     config.tensor_model_parallel_size = tp
-    if cfg.get("sequence_parallel"):
+    if cfg.sequence_parallel:
         config.sequence_parallel = True
         config.max_sequence_length = SEQ  # the pipe's sequence-parallel reshapes read it
     # PaddleFormers' default, tensor_parallel_output=True, keeps the head's logits split over
     # the vocabulary and takes fleet's ParallelCrossEntropy (its op has no CPU kernel in
     # Paddle: unit parallel_cross_entropy); f gathers the logits (c_concat) for the plain loss.
-    config.tensor_parallel_output = not cfg.get("gathered_logits", False)
-    for k, v in cfg.get("model_config", {}).items():
+    config.tensor_parallel_output = not cfg.gathered_logits
+    for k, v in cfg.model_config.items():
         setattr(config, k, v)
     return config
 
@@ -330,26 +213,23 @@ def reference_model(config, plain_ops=False):
 
 
 def training_args(name, cfg, out_dir, **extra):
-    sharding, tp = cfg.get("sharding", 1), cfg.get("tp", 1)
+    sharding, tp = cfg.sharding, cfg.tp
     kwargs = dict(
         output_dir=os.path.join(out_dir, f"ckpt-{name}"), per_device_train_batch_size=1,
-        per_device_eval_batch_size=1, gradient_accumulation_steps=cfg["acc"], max_steps=STEPS,
+        per_device_eval_batch_size=1, gradient_accumulation_steps=cfg.acc, max_steps=STEPS,
         learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
-        max_grad_norm=cfg.get("clip", 0.0), logging_steps=1, save_strategy="no", seed=SEED, dataloader_shuffle=False,
-        disable_tqdm=True, report_to="none", pipeline_model_parallel_size=cfg.get("pp", 2),
+        max_grad_norm=cfg.clip, logging_steps=1, save_strategy="no", seed=SEED, dataloader_shuffle=False,
+        disable_tqdm=True, report_to="none", pipeline_model_parallel_size=cfg.pp,
         tensor_model_parallel_size=tp, sharding_parallel_size=sharding,
-        sharding=cfg.get("stage", "stage1") if sharding > 1 else "", split_param=cfg.get("split_param", False),
-        forward_backward_overlap_scheduler=cfg.get("forward_backward_overlap_scheduler", False),
-        dp_comm_overlap=cfg.get("dp_comm_overlap", False), do_train=True, amp_master_grad=False,
-        use_dualpipev=cfg.get("v", False), sequence_parallel=cfg.get("sequence_parallel", False),
-        pp_sharding_comm_overlap=cfg.get("sharding_overlap", False),
+        sharding=cfg.stage if sharding > 1 else "", split_param=cfg.split_param,
+        forward_backward_overlap_scheduler=cfg.fb_overlap,
+        dp_comm_overlap=cfg.dp_comm_overlap, do_train=True, amp_master_grad=False,
+        use_dualpipev=cfg.v, sequence_parallel=cfg.sequence_parallel,
+        pp_sharding_comm_overlap=cfg.sharding_overlap,
         adam_epsilon=ADAM_EPSILON,
     )
-    kwargs.update(cfg.get("switches", {}))
-    # PaddleFormers wants amp_master_grad for sharding overlap and split_param, and clips
-    # under pipeline parallelism only with it
-    if (cfg.get("sharding_overlap") or cfg.get("split_param") or cfg.get("master_grad")
-            or (cfg.get("clip") and cfg.get("pp", 2) > 1)):
+    kwargs.update(cfg.switches)
+    if cfg.amp_master_grad:
         kwargs.update(bf16=True, fp16_opt_level="O2", amp_master_grad=True)
     kwargs.update(extra)
     return TrainingArguments(**kwargs)
@@ -358,14 +238,14 @@ def training_args(name, cfg, out_dir, **extra):
 def reference_run(config, cfg, dataset, steps, epsilon=ADAM_EPSILON, prepare=None):
     """Parameters and per-step losses of the single-process reference (`prepare`, if
     given, changes the model before training: scripts/paddleformers_split_rows.py)."""
-    ref = reference_model(config, plain_ops=cfg.get("plain_reference", False))
+    ref = reference_model(config, plain_ops=cfg.plain_reference)
     if prepare is not None:
         prepare(ref)
     opt = paddle.optimizer.AdamW(LR, parameters=ref.parameters(), weight_decay=0.0,
                                  beta1=0.9, beta2=0.999, epsilon=epsilon)
     ref.grad_norms = []
-    replicas = cfg.get("dp", 1) * cfg.get("sharding", 1)
-    per_step = cfg["acc"] * replicas
+    replicas = cfg.replicas
+    per_step = cfg.acc * replicas
     losses = []
     for step in range(steps):
         total = paddle.zeros([])
@@ -382,10 +262,10 @@ def reference_run(config, cfg, dataset, steps, epsilon=ADAM_EPSILON, prepare=Non
                 if p.grad is not None:
                     if replicas > 1:
                         p.grad.scale_(1.0 / replicas)
-                    p.grad.scale_(1.0 / cfg["acc"])
+                    p.grad.scale_(1.0 / cfg.acc)
         if step == 0:  # as the Trainer's optimizer gets them, before clipping
             ref.first_grads = {k: (None if t.grad is None else t.grad.numpy().copy()) for k, t in ref.state_dict().items()}
-        if cfg.get("clip"):
+        if cfg.clip:
             ref.grad_norms.append(clip_as_hybrid_parallel(ref, config, cfg))
         opt.step()
         opt.clear_grad()
@@ -403,11 +283,11 @@ def clip_as_hybrid_parallel(ref, config, cfg):
     "embedding_0.w_0" vs "embedding_weight"), so no stage is told to leave it out."""
     params = [p for p in ref.parameters() if p.grad is not None]
     square = sum(float((p.grad.astype("float64") ** 2).sum()) for p in params)
-    once = cfg.get("plugin_pp", {}).get("count_shared_weights_once", False)
-    if config.tie_word_embeddings and cfg.get("pp", 2) > 1 and not once:
+    once = cfg.plugin_pp.get("count_shared_weights_once", False)
+    if config.tie_word_embeddings and cfg.pp > 1 and not once:
         square += float((ref.get_input_embeddings().weight.grad.astype("float64") ** 2).sum())
     norm = square ** 0.5
-    factor = cfg["clip"] / (max(norm, cfg["clip"]) + 1e-6)
+    factor = cfg.clip / (max(norm, cfg.clip) + 1e-6)
     for p in params:
         p.grad.scale_(factor)
     return norm
@@ -462,16 +342,16 @@ def compare_grads(got, want, pipe, mapping, owned=None):
 def train(name, cfg, out_dir, dataset, resume=None, max_steps=STEPS, save_steps=None):
     # the plugin's own pp_configs keys, which PaddleFormers' strategy cannot carry: for the
     # process, through enable()'s config (None: back to the defaults)
-    paddle_ext.enable({"paddle_ext": {"pp_configs": cfg["plugin_pp"]}} if "plugin_pp" in cfg else None)
+    paddle_ext.enable({"paddle_ext": {"pp_configs": dict(cfg.plugin_pp)}} if cfg.plugin_pp else None)
     extra = {"max_steps": max_steps}
     if save_steps:
         extra.update(save_strategy="steps", save_steps=save_steps)
     args = training_args(name, cfg, out_dir, **extra)
-    config = model_config(cfg, cfg.get("tp", 1))
+    config = model_config(cfg, cfg.tp)
     _, model_cls, pipe_cls, _ = model_classes(config)
-    if cfg.get("pp", 2) == 1:
+    if cfg.pp == 1:
         pipe_cls = model_cls
-    pipe = (v_segmented(pipe_cls) if cfg.get("v") else pipe_cls)(config)
+    pipe = (v_segmented(pipe_cls) if cfg.v else pipe_cls)(config)
     mapping = copy_weights(reference_model(config), pipe)
     log = LossLog(pipe)
     trainer = Trainer(model=pipe, args=args, train_dataset=dataset, eval_dataset=dataset, data_collator=collate,
@@ -489,26 +369,24 @@ def main():
     rank = dist.get_rank()
     for name in names:
         cfg = CONFIGS[name]
-        per_step = cfg["acc"] * cfg.get("dp", 1) * cfg.get("sharding", 1)
-        dataset = Samples(per_step * STEPS, cfg.get("documents", (0, SEQ)))
-        if cfg.get("model") in FOUR_DIM_ROWS:
+        dataset = Samples(cfg.acc * cfg.replicas * STEPS, cfg.documents)
+        if cfg.model in FOUR_DIM_ROWS:
             dataset.rows = dataset.rows[..., None]
         recomputed = pf_pp_model.recompute.calls
         trainer, pipe, mapping, losses, config = train(name, cfg, out_dir, dataset)
         recomputed = pf_pp_model.recompute.calls - recomputed
         engine = trainer.model_wrapped
-        if cfg.get("stage") == "stage3":  # each rank holds a slice of every parameter: gather them
+        if cfg.stage == "stage3":  # each rank holds a slice of every parameter: gather them
             engine.get_all_parameters()
         ref, ref_losses = reference_run(config, cfg, dataset, STEPS)
         result = {"config": name, "losses": losses, "ref_losses": ref_losses,
-                  "clip": cfg.get("clip"), "grad_norms": trainer.grad_norms, "ref_grad_norms": ref.grad_norms,
+                  "clip": cfg.clip or None, "grad_norms": trainer.grad_norms, "ref_grad_norms": ref.grad_norms,
                   "params": compare(pipe, ref, mapping, unit_offset_weights(pipe)),
                   "digest": digest(pipe),
                   "unit_offset_weights": sorted(unit_offset_weights(pipe)),
                   # stages 2 and 3 and split_param keep the reduced gradients in buffers of
                   # their own, not in the .grad a callback reads: parameters are compared instead
-                  "first_grads": None if cfg.get("stage") in ("stage2", "stage3") or cfg.get("split_param")
-                  else compare_grads(
+                  "first_grads": None if not cfg.gradient_view else compare_grads(
                       trainer.first_grads, ref.first_grads, pipe, mapping, sharding_owned(trainer)),
                   "classes": [c.__name__ for c in type(engine).__mro__],
                   "sharding_optimizer": sharding_optimizer_state(trainer.optimizer),
@@ -524,7 +402,7 @@ def main():
                   "sequence_parallel_params": sum(bool(getattr(p, "sequence_parallel", False))
                                                   for p in pipe.parameters()),
                   "flashmask_unit": patches.series().installed_by(pf_flashmask.flashmask_attention)}
-        if cfg.get("eval_resume"):
+        if cfg.eval_resume:
             result.update(evaluate_and_resume(trainer, cfg, out_dir, dataset, config))
         with open(os.path.join(out_dir, f"result.{name}.{rank}.json"), "w") as f:
             json.dump(result, f)
@@ -546,9 +424,9 @@ def sharding_optimizer_state(optimizer):
 
 
 def evaluate_and_resume(trainer, cfg, out_dir, dataset, config):
-    metrics = trainer.evaluate(eval_dataset=Samples(cfg["acc"] * 2))
+    metrics = trainer.evaluate(eval_dataset=Samples(cfg.acc * 2))
     ref, _ = reference_run(config, cfg, dataset, STEPS)
-    eval_ref = reference_eval(ref, Samples(cfg["acc"] * 2))
+    eval_ref = reference_eval(ref, Samples(cfg.acc * 2))
     final = {k: v.numpy().copy() for k, v in trainer.model.state_dict().items()}
     # a run saved at step 2, then resumed from that checkpoint to step 3
     t2, _, _, _, _ = train("r2", cfg, out_dir, dataset, max_steps=2, save_steps=2)
