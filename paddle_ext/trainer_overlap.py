@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from paddle_ext import upstream
+from paddle_ext.pipeline.fleet_entry import engine_serves
 
 ARGS_MODULE = "paddleformers.trainer.training_args"
 TRAINER_MODULE = "paddleformers.trainer.trainer"
@@ -18,13 +19,6 @@ NLP_ARGS_MODULE = "paddlenlp.trainer.training_args"
 REFUSAL = "overlap has accuracy issue"
 NLP_WORD = "enable_dp_comm_overlap"
 NLP_SHARDING_WORD = "enable_sharding_comm_overlap"
-
-
-def engine_serves() -> bool:
-    """Whether the pipeline_engine unit's fleet.distributed_model serves fleet's models
-    (its wrapper carries that unit's name)."""
-    fleet, _ = upstream.fleet_modules()
-    return getattr(fleet.distributed_model, "__paddle_ext_unit__", None) == "pipeline_engine"
 
 
 def _switch_off_field(args: Any) -> Callable[[], None] | None:

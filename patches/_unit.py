@@ -144,7 +144,6 @@ class Wrap:
 
     owner: a module name or a function giving the owner (None: not in this release);
     optional: an owner without attr is left alone (an op or name some releases lack);
-    own: the original is read from the owner's own dict (a class's staticmethod stays one);
     imported: Patcher.swap's imported=True. Rows whose originals are one object get one
     wrapper (a function a package re-exports from its module is wrapped once)."""
 
@@ -153,7 +152,6 @@ class Wrap:
     wrapper: Callable[[Any], Any]
     imported: bool = False
     optional: bool = False
-    own: bool = False
 
 
 def resolve(owner: str | Callable[[], Any]) -> Any:
@@ -167,7 +165,7 @@ def install(patcher: Patcher, table: Iterable[Wrap]) -> None:
         owner = resolve(row.owner)
         if owner is None or (row.optional and not hasattr(owner, row.attr)):
             continue
-        original = vars(owner)[row.attr] if row.own else getattr(owner, row.attr)
+        original = getattr(owner, row.attr)
         if any(swap.new is original for swap in patcher.swaps):
             continue  # already installed here, through an earlier row's imported=True binding
         key = (id(original), row.wrapper)
@@ -248,8 +246,9 @@ class PatchUnit:
 
     apply(patcher) installs it through the patcher (so revert and verify are
     generic). It applies where the Paddle release does not ship it yet
-    (native_from=(major, minor): native from that release on; native: a probe of the
-    running Paddle where a release number does not say it) and nothing is missing:
+    (native_from=(major, minor): native from that release on, read through
+    compat.paddle_before; native_probe: a probe of the running Paddle where a release
+    number does not say it) and nothing is missing:
     requires_modules (importable), requires_ops (in paddle_ext's op library, loaded
     and built with them), requires (any other reason, or None). check(patcher): the
     problems verification finds beyond the recorded swaps' identity, for a unit whose

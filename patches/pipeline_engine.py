@@ -23,59 +23,20 @@ pp_configs.dp_comm_overlap / sharding_comm_overlap (pipeline/grad_sync.py).
 
 from __future__ import annotations
 
-import functools
-
 from paddle_ext import upstream
 from paddle_ext.patches._unit import Patcher, PatchUnit
-
-
-def _engine_distributed_model(original):
-    @functools.wraps(original)
-    def distributed_model(model):
-        from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings
-
-        hcg = upstream.fleet_hcg()
-        if (hcg is not None and hcg.get_pipe_parallel_world_size() > 1
-                and isinstance(model, upstream.pipeline_layer_class())):
-            strategy = upstream.fleet_strategy()
-            return PipelineEngine(model, hcg, PipelineSettings.from_strategy(strategy), strategy)
-        return original(model)
-
-    # read by the paddleformers_overlap unit: whether the engine serves fleet's models
-    distributed_model.__paddle_ext_unit__ = "pipeline_engine"
-    return distributed_model
-
-
-def _device_id(self) -> int:
-    # Set only when a GPU/XPU/custom device was selected; CPU runs use 0.
-    return getattr(self, "_device_id", 0)
-
-
-def _checked_hybrid_configs(original: property) -> property:
-    def get_hybrid_configs(self):
-        from paddle_ext import config
-
-        return config.with_pp_configs_view(self, original.fget(self))
-
-    def set_hybrid_configs(self, configs):
-        from paddle_ext import config
-
-        if isinstance(configs, dict) and "pp_configs" in configs:
-            native = {f.name for f in upstream.pp_config_message(self).DESCRIPTOR.fields}
-            configs = {**configs, "pp_configs": config.split_pp_configs(self, configs["pp_configs"], native)}
-        original.fset(self, configs)
-
-    return property(get_hybrid_configs, set_hybrid_configs, original.fdel, original.__doc__)
+from paddle_ext.pipeline import fleet_entry
 
 
 def _apply(patcher: Patcher) -> None:
     strategy_cls = upstream.distributed_strategy_class()
-    patcher.swap(strategy_cls, "hybrid_configs", _checked_hybrid_configs(vars(strategy_cls)["hybrid_configs"]))
+    patcher.swap(strategy_cls, "hybrid_configs",
+                 fleet_entry.checked_hybrid_configs(vars(strategy_cls)["hybrid_configs"]))
     fleet, fleet_model = upstream.fleet_modules()
-    wrapped = _engine_distributed_model(fleet_model.distributed_model)
+    wrapped = fleet_entry.engine_distributed_model(fleet_model.distributed_model)
     patcher.swap(fleet_model, "distributed_model", wrapped)
     patcher.swap(fleet, "distributed_model", wrapped)
-    patcher.swap(upstream.parallel_env_class(), "device_id", property(_device_id))
+    patcher.swap(upstream.parallel_env_class(), "device_id", property(fleet_entry.device_id))
 
 
 UNIT = PatchUnit(

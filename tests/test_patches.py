@@ -362,6 +362,17 @@ def test_pipeline_engine_verifies_all_four_names_it_swaps():
         assert problem.startswith("unit pipeline_engine: ") and f".{swap.attr} is not the object" in problem
 
 
+def test_the_engine_serves_fleet_only_while_pipeline_engine_is_applied():
+    """What the Trainers' dp overlap (paddle_ext.trainer_overlap) asks before lifting its refusal."""
+    from paddle_ext.pipeline.fleet_entry import engine_serves
+
+    assert not engine_serves()
+    paddle_ext.enable()
+    assert engine_serves()
+    paddle_ext.enable({"paddle_ext": {"patches": {"pipeline_engine": False}}})
+    assert not engine_serves()
+
+
 def test_a_unit_whose_swap_does_not_hold_after_apply_is_refused_and_reverted(monkeypatch):
     """Series.apply verifies each unit right after its apply(): a unit whose swap is
     undone at once (a property that refuses the assignment, say) raises naming the unit
