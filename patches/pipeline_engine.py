@@ -41,7 +41,7 @@ def _apply(patcher: Patcher) -> None:
 
 UNIT = PatchUnit(
     name="pipeline_engine",
-    upstream=(58383, 55651, 56096, 57048, 63167),
+    upstream=(58383, 55651, 56096, 57048, 63167, 57715, 69985, 53831, 54586),
     title="Add unbalance batch for virtual pp",
     summary="fleet.distributed_model returns paddle_ext's PipelineEngine for pp_degree > 1",
     apply=_apply,
