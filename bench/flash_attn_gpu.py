@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from bench.flash_attn_cpu import attention_flops  # noqa: E402
 
 PEAK_TFLOPS = 790.0  # dense bf16 matrix product measured on the H200 (device KINDS.md)
-KIND_BF16 = 2  # paddle_ext::FloatKind::kBFloat16
+KIND_BF16 = 2  # paddle_ext::DType::kBFloat16 (csrc/ops/common/float_io.h)
 SKIPPED = 77
 
 

@@ -11,25 +11,16 @@
 //
 // Tables: every dtype Paddle's c_embedding kernels take (float32, float64,
 // float16, bfloat16, complex64, complex128). The forward copies raw row bytes,
-// so it needs only the row size; the backward sums, in the precision GradKind
-// names. A complex table is passed to the backward as its real kind with twice
+// so it needs only the row size; the backward sums in the precision of its
+// DType (common/float_io.h's Value). A complex table is passed to the backward as its real kind with twice
 // the width: complex addition is componentwise, so the sums are the same bits.
 #pragma once
 
 #include <cstdint>
 
-#include "common/half.h"
+#include "common/float_io.h"
 
 namespace paddle_ext::c_embedding {
-
-// What the backward sums in: float32 and float64 in their own precision,
-// float16 and bfloat16 in float32 (rounded once per row).
-enum class GradKind { kFloat32, kFloat16, kBFloat16, kFloat64 };
-
-// Bytes of one element of `kind`.
-PADDLE_EXT_HOST_DEVICE inline int64_t grad_element_bytes(GradKind kind) {
-  return kind == GradKind::kFloat64 ? 8 : kind == GradKind::kFloat32 ? 4 : 2;
-}
 
 struct BadId {
   int64_t position = -1;  // -1: all ids in range
@@ -53,7 +44,7 @@ void forward_cpu(const char* table, int64_t rows, int64_t row_bytes, const IdT* 
 // equal Paddle's sequential scatter-add, bit for bit), written once per row.
 // width counts elements of `kind` (twice the columns of a complex table).
 template <typename IdT>
-void backward_cpu(GradKind kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
+void backward_cpu(DType kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
                   int64_t width, int64_t start, void* table_grad);
 
 #if defined(PADDLE_EXT_WITH_GPU)
@@ -67,7 +58,7 @@ void forward_gpu(const char* table, int64_t rows, int64_t row_bytes, const IdT* 
                  int64_t start, char* out, void* stream);
 
 template <typename IdT>
-void backward_gpu(GradKind kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
+void backward_gpu(DType kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
                   int64_t width, int64_t start, void* table_grad, void* stream);
 #endif
 

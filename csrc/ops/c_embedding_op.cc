@@ -10,29 +10,29 @@
 namespace {
 
 using paddle_ext::c_embedding::BadId;
-using paddle_ext::c_embedding::GradKind;
+using paddle_ext::DType;
 
 // How the backward sums a table of this dtype: its kind and how many of its
 // elements make one table entry (2 for complex: real and imaginary parts).
 struct GradLayout {
-  GradKind kind;
+  DType kind;
   int64_t elements_per_entry;
 };
 
 GradLayout grad_layout(const paddle::Tensor& t) {
   switch (t.dtype()) {
     case paddle::DataType::FLOAT32:
-      return {GradKind::kFloat32, 1};
+      return {DType::kFloat32, 1};
     case paddle::DataType::FLOAT16:
-      return {GradKind::kFloat16, 1};
+      return {DType::kFloat16, 1};
     case paddle::DataType::BFLOAT16:
-      return {GradKind::kBFloat16, 1};
+      return {DType::kBFloat16, 1};
     case paddle::DataType::FLOAT64:
-      return {GradKind::kFloat64, 1};
+      return {DType::kFloat64, 1};
     case paddle::DataType::COMPLEX64:
-      return {GradKind::kFloat32, 2};
+      return {DType::kFloat32, 2};
     case paddle::DataType::COMPLEX128:
-      return {GradKind::kFloat64, 2};
+      return {DType::kFloat64, 2};
     default:
       PD_THROW("pe_c_embedding: weight dtype must be float32, float64, float16, bfloat16, complex64 or complex128");
   }
@@ -104,7 +104,7 @@ std::vector<paddle::Tensor> CEmbeddingBackward(const paddle::Tensor& weight, con
                                                const paddle::Tensor& out_grad, int64_t start_index,
                                                int64_t vocab_size) {
   const GradLayout layout = grad_layout(weight);
-  const GradKind kind = layout.kind;
+  const DType kind = layout.kind;
   const int64_t rows = weight.shape()[0];
   const int64_t width = weight.shape()[1] * layout.elements_per_entry;
   const int64_t n = ids.numel();

@@ -24,7 +24,7 @@
 
 #include <cstdint>
 
-#include "common/half.h"
+#include "common/float_io.h"
 
 namespace paddle_ext::flash_attn {
 
@@ -38,7 +38,7 @@ constexpr int64_t kHeadDimMultiple = 8;
 constexpr uint64_t kOffsetPerHead = 32;
 
 struct Problem {
-  FloatKind kind = FloatKind::kFloat32;  // q, k, v, out, grads; lse is always float32
+  DType kind = DType::kFloat32;  // q, k, v, out, grads; lse is always float32
   int64_t batch = 0;
   int64_t heads_q = 0;
   int64_t heads_k = 0;

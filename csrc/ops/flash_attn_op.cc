@@ -29,8 +29,8 @@
 namespace {
 
 namespace fa = paddle_ext::flash_attn;
-using paddle_ext::FloatKind;
-using paddle_ext::float_kind;
+using paddle_ext::DType;
+using paddle_ext::dtype_of;
 using OptTensor = paddle::optional<paddle::Tensor>;
 using Shape = std::vector<int64_t>;
 using OptShape = paddle::optional<Shape>;
@@ -116,7 +116,7 @@ void check_qkv(const paddle::Tensor& q, const paddle::Tensor& k, const paddle::T
   FA_CHECK(qs.size() == rank, "query must be ", rank, "-D, got shape ", shape_text(qs));
   FA_CHECK(ks.size() == rank, "key must be ", rank, "-D, got shape ", shape_text(ks));
   FA_CHECK(vs == ks, "value must have key's shape ", shape_text(ks), ", got ", shape_text(vs));
-  float_kind(q, "paddle_ext.flash_attention: query");
+  dtype_of(q, "paddle_ext.flash_attention: query");
   FA_CHECK(k.dtype() == q.dtype() && v.dtype() == q.dtype(), "key and value must have query's dtype");
   FA_CHECK(k.place() == q.place() && v.place() == q.place(), "key and value must be on query's device");
   const int64_t hq = qs[rank - 2], hk = ks[rank - 2], d = qs[rank - 1];
@@ -132,7 +132,7 @@ fa::Problem padded_problem(const paddle::Tensor& q, const paddle::Tensor& k, flo
   const Shape qs = q.shape(), ks = k.shape();
   FA_CHECK(ks[0] == qs[0], "key's batch ", ks[0], " must equal query's ", qs[0]);
   fa::Problem p;
-  p.kind = float_kind(q, "paddle_ext.flash_attention: query");
+  p.kind = dtype_of(q, "paddle_ext.flash_attention: query");
   p.batch = qs[0];
   p.seqlen_q = qs[1];
   p.seqlen_k = ks[1];
@@ -185,7 +185,7 @@ Varlen varlen_problem(const paddle::Tensor& q, const paddle::Tensor& k, const pa
            r.cu_q.size(), " and ", r.cu_k.size());
   FA_CHECK(cu_q.place() == q.place() && cu_k.place() == q.place(), "cu_seqlens_q and cu_seqlens_k must be on query's device");
   fa::Problem& p = r.p;
-  p.kind = float_kind(q, "paddle_ext.flash_attention: query");
+  p.kind = dtype_of(q, "paddle_ext.flash_attention: query");
   p.batch = static_cast<int64_t>(r.cu_q.size()) - 1;
   p.seqlen_q = max_q;
   p.seqlen_k = max_k;

@@ -26,13 +26,13 @@
 
 #include <cstdint>
 
-#include "common/half.h"
+#include "common/float_io.h"
 
 namespace paddle_ext::rms_norm {
 
 struct Problem {
-  FloatKind x_kind = FloatKind::kFloat32;
-  FloatKind weight_kind = FloatKind::kFloat32;
+  DType x_kind = DType::kFloat32;
+  DType weight_kind = DType::kFloat32;
   int64_t rows = 0;
   int64_t cols = 0;  // > 0
   float epsilon = 1e-5f;

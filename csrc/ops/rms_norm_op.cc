@@ -15,7 +15,7 @@
 namespace {
 
 namespace rn = paddle_ext::rms_norm;
-using paddle_ext::float_kind;
+using paddle_ext::dtype_of;
 using OptTensor = paddle::optional<paddle::Tensor>;
 using Shape = std::vector<int64_t>;
 using OptShape = paddle::optional<Shape>;
@@ -24,8 +24,8 @@ using OptDtype = paddle::optional<paddle::DataType>;
 rn::Problem describe(const paddle::Tensor& x, const paddle::Tensor& weight, float epsilon) {
   PD_CHECK(x.is_cpu() && weight.is_cpu(), "pe_rms_norm: x and weight must be CPU tensors (no GPU kernel)");
   rn::Problem p;
-  p.x_kind = float_kind(x, "pe_rms_norm: x");
-  p.weight_kind = float_kind(weight, "pe_rms_norm: weight");
+  p.x_kind = dtype_of(x, "pe_rms_norm: x");
+  p.weight_kind = dtype_of(weight, "pe_rms_norm: weight");
   p.cols = weight.numel();
   PD_CHECK(p.cols > 0, "pe_rms_norm: weight must not be empty");
   PD_CHECK(x.numel() % p.cols == 0, "pe_rms_norm: x's trailing elements must match weight (", p.cols, ")");

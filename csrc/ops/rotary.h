@@ -27,14 +27,16 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
+
+#include "common/float_io.h"
 
 namespace paddle_ext::rotary {
 
-enum class DType { kFloat32, kFloat16, kBFloat16, kFloat64 };
-
-inline int64_t dtype_bytes(DType t) {
-  return t == DType::kFloat64 ? 8 : t == DType::kFloat32 ? 4 : 2;
-}
+// The arithmetic type for elements of DType K (see "Arithmetic" above):
+// double for float32 and float64, float for float16 and bfloat16.
+template <DType K>
+using Compute = std::conditional_t<K == DType::kFloat16 || K == DType::kBFloat16, float, double>;
 
 // One call rotates one tensor (q, k or v).
 struct Problem {

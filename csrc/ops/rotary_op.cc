@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "common/tensor_kind.h"
 #include "paddle/extension.h"
 #include "rotary.h"
 
@@ -21,21 +22,6 @@ using OptTensor = paddle::optional<paddle::Tensor>;
 using Shape = std::vector<int64_t>;
 using OptShape = paddle::optional<Shape>;
 using OptDtype = paddle::optional<paddle::DataType>;
-
-rt::DType dtype_of(const paddle::Tensor& t) {
-  switch (t.dtype()) {
-    case paddle::DataType::FLOAT32:
-      return rt::DType::kFloat32;
-    case paddle::DataType::FLOAT16:
-      return rt::DType::kFloat16;
-    case paddle::DataType::BFLOAT16:
-      return rt::DType::kBFloat16;
-    case paddle::DataType::FLOAT64:
-      return rt::DType::kFloat64;
-    default:
-      PD_THROW("pe_rotary: q, k and v must be float32, float16, bfloat16 or float64");
-  }
-}
 
 std::string shape_text(const Shape& s) {
   std::string text = "[";
@@ -66,7 +52,7 @@ rt::Problem describe(const paddle::Tensor& x, const OptTensor& sin, const OptTen
   const Shape xs = x.shape();
   PD_CHECK(xs.size() == 4, "pe_rotary: x must be 4-D, got shape ", shape_text(xs));
   rt::Problem p;
-  p.dtype = dtype_of(x);
+  p.dtype = paddle_ext::dtype_of(x, "pe_rotary: q, k and v", /*with_float64=*/true);
   p.batch = time_major ? xs[1] : xs[0];
   p.seq = time_major ? xs[0] : xs[1];
   p.heads = xs[2];

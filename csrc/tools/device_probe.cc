@@ -63,37 +63,37 @@ void expect(bool ok, const std::string& what) {
   if (!ok) ++failures;
 }
 
-using ce::GradKind;
+using paddle_ext::DType;
 
-int64_t element_bytes(GradKind kind) { return ce::grad_element_bytes(kind); }
+using paddle_ext::dtype_bytes;
 
-const char* kind_name(GradKind kind) {
+const char* kind_name(DType kind) {
   switch (kind) {
-    case GradKind::kFloat32:
+    case DType::kFloat32:
       return "float32";
-    case GradKind::kFloat16:
+    case DType::kFloat16:
       return "float16";
-    case GradKind::kBFloat16:
+    case DType::kBFloat16:
       return "bfloat16";
-    case GradKind::kFloat64:
+    case DType::kFloat64:
       return "float64";
   }
   return "?";
 }
 
 // Random values in the element type's bit pattern.
-std::vector<char> random_values(GradKind kind, int64_t count, std::mt19937_64& rng) {
+std::vector<char> random_values(DType kind, int64_t count, std::mt19937_64& rng) {
   std::uniform_real_distribution<float> dist(-2.f, 2.f);
-  std::vector<char> bytes(count * element_bytes(kind));
+  std::vector<char> bytes(count * dtype_bytes(kind));
   for (int64_t i = 0; i < count; ++i) {
     const float v = dist(rng);
-    if (kind == GradKind::kFloat64) {
+    if (kind == DType::kFloat64) {
       const double d = static_cast<double>(v) / 3.0;  // all 53 bits in use
       std::memcpy(bytes.data() + 8 * i, &d, 8);
-    } else if (kind == GradKind::kFloat32) {
+    } else if (kind == DType::kFloat32) {
       std::memcpy(bytes.data() + 4 * i, &v, 4);
     } else {
-      const uint16_t h = kind == GradKind::kFloat16 ? paddle_ext::float_to_fp16(v) : paddle_ext::float_to_bf16(v);
+      const uint16_t h = kind == DType::kFloat16 ? paddle_ext::float_to_fp16(v) : paddle_ext::float_to_bf16(v);
       std::memcpy(bytes.data() + 2 * i, &h, 2);
     }
   }
@@ -101,7 +101,7 @@ std::vector<char> random_values(GradKind kind, int64_t count, std::mt19937_64& r
 }
 
 template <typename IdT>
-void check_case(GradKind kind, int64_t rows, int64_t width, int64_t start, int64_t vocab, int64_t n,
+void check_case(DType kind, int64_t rows, int64_t width, int64_t start, int64_t vocab, int64_t n,
                 std::mt19937_64& rng) {
   const std::string name = std::string(kind_name(kind)) + (sizeof(IdT) == 8 ? " int64" : " int32") +
                            " rows=" + std::to_string(rows) + " width=" + std::to_string(width) +
@@ -111,7 +111,7 @@ void check_case(GradKind kind, int64_t rows, int64_t width, int64_t start, int64
   std::uniform_int_distribution<int64_t> any_id(0, vocab - 1);
   std::vector<IdT> ids(n);
   for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<IdT>(i % 5 == 0 ? start : any_id(rng));
-  const int64_t row_bytes = width * element_bytes(kind);
+  const int64_t row_bytes = width * dtype_bytes(kind);
   const std::vector<char> table = random_values(kind, rows * width, rng);
   const std::vector<char> out_grad = random_values(kind, n * width, rng);
 
@@ -143,13 +143,13 @@ void check_case(GradKind kind, int64_t rows, int64_t width, int64_t start, int64
 
 int run_checks() {
   std::mt19937_64 rng(20240605);
-  for (GradKind kind : {GradKind::kFloat32, GradKind::kFloat16, GradKind::kBFloat16, GradKind::kFloat64}) {
+  for (DType kind : {DType::kFloat32, DType::kFloat16, DType::kBFloat16, DType::kFloat64}) {
     check_case<int64_t>(kind, 37, 8, 5, 60, 1000, rng);
     check_case<int32_t>(kind, 37, 3, 0, 37, 1000, rng);  // odd row bytes, whole vocabulary
   }
   // Several sort tiles and three radix passes (70000 rows: 17 key bits).
-  check_case<int64_t>(GradKind::kFloat32, 70000, 5, 1000, 140000, 6161, rng);
-  check_case<int32_t>(GradKind::kBFloat16, 300, 130, 7, 400, 20000, rng);
+  check_case<int64_t>(DType::kFloat32, 70000, 5, 1000, 140000, 6161, rng);
+  check_case<int32_t>(DType::kBFloat16, 300, 130, 7, 400, 20000, rng);
   return failures == 0 ? 0 : 1;
 }
 

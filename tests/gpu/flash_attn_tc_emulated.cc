@@ -26,7 +26,7 @@ struct EmulatedLauncher {
 }  // namespace
 
 bool tc_kernels_take(const paddle_ext::flash_attn::Problem& p) {
-  return p.kind != paddle_ext::FloatKind::kFloat32 && p.startend == nullptr && tc::smem_bytes_needed(p.head_dim) > 0;
+  return p.kind != paddle_ext::DType::kFloat32 && p.startend == nullptr && tc::smem_bytes_needed(p.head_dim) > 0;
 }
 
 void tc_emulated_forward(const paddle_ext::flash_attn::Problem& p, const void* q, const void* k, const void* v,

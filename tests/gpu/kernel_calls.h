@@ -20,7 +20,7 @@
 namespace gpu_check {
 
 namespace fa = paddle_ext::flash_attn;
-using paddle_ext::FloatKind;
+using paddle_ext::DType;
 
 // ---- flash attention: shapes, and the calls ---------------------------------
 
@@ -37,7 +37,7 @@ enum class CausalAlign { kBottomRight, kTopLeft };
 inline constexpr bool kHasTopLeftCausal = true;
 
 struct FlashShape {
-  FloatKind kind = FloatKind::kFloat32;
+  DType kind = DType::kFloat32;
   int64_t batch = 1, seqlen_q = 1, seqlen_k = 1, heads_q = 1, heads_k = 1, head_dim = 64;
   bool causal = false;
   CausalAlign align = CausalAlign::kBottomRight;
@@ -66,7 +66,7 @@ struct FlashShape {
   float scale() const { return 1.f / std::sqrt(static_cast<float>(head_dim)); }
 };
 
-inline FlashShape flash_shape(FloatKind kind, int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hk, int64_t d,
+inline FlashShape flash_shape(DType kind, int64_t b, int64_t sq, int64_t sk, int64_t hq, int64_t hk, int64_t d,
                        bool causal, float dropout = 0.f, CausalAlign align = CausalAlign::kBottomRight) {
   FlashShape s;
   s.kind = kind;
@@ -147,20 +147,20 @@ inline bool visible(const FlashShape& s, int64_t lq, int64_t lk, int64_t i, int6
 
 // ---- element types ------------------------------------------------------------
 
-inline int64_t element_bytes(FloatKind kind) { return kind == FloatKind::kFloat32 ? 4 : 2; }
+using paddle_ext::dtype_bytes;
 
-inline const char* kind_name(FloatKind kind) {
-  return kind == FloatKind::kFloat32 ? "f32" : kind == FloatKind::kFloat16 ? "f16" : "bf16";
+inline const char* kind_name(DType kind) {
+  return kind == DType::kFloat32 ? "f32" : kind == DType::kFloat16 ? "f16" : "bf16";
 }
 
 // float values -> their bytes in `kind` (rounded to nearest even).
-inline std::vector<char> to_bytes(const std::vector<float>& x, FloatKind kind) {
-  std::vector<char> b(x.size() * element_bytes(kind));
+inline std::vector<char> to_bytes(const std::vector<float>& x, DType kind) {
+  std::vector<char> b(x.size() * dtype_bytes(kind));
   for (size_t i = 0; i < x.size(); ++i) {
-    if (kind == FloatKind::kFloat32) {
+    if (kind == DType::kFloat32) {
       std::memcpy(b.data() + 4 * i, &x[i], 4);
     } else {
-      const uint16_t h = kind == FloatKind::kFloat16 ? paddle_ext::float_to_fp16(x[i]) : paddle_ext::float_to_bf16(x[i]);
+      const uint16_t h = kind == DType::kFloat16 ? paddle_ext::float_to_fp16(x[i]) : paddle_ext::float_to_bf16(x[i]);
       std::memcpy(b.data() + 2 * i, &h, 2);
     }
   }
@@ -168,16 +168,16 @@ inline std::vector<char> to_bytes(const std::vector<float>& x, FloatKind kind) {
 }
 
 // Bytes in `kind` -> float values.
-inline std::vector<float> to_floats(const std::vector<char>& b, FloatKind kind) {
-  const size_t n = b.size() / element_bytes(kind);
+inline std::vector<float> to_floats(const std::vector<char>& b, DType kind) {
+  const size_t n = b.size() / dtype_bytes(kind);
   std::vector<float> f(n);
   for (size_t i = 0; i < n; ++i) {
-    if (kind == FloatKind::kFloat32) {
+    if (kind == DType::kFloat32) {
       std::memcpy(&f[i], b.data() + 4 * i, 4);
     } else {
       uint16_t h;
       std::memcpy(&h, b.data() + 2 * i, 2);
-      f[i] = kind == FloatKind::kFloat16 ? paddle_ext::fp16_to_float(h) : paddle_ext::bf16_to_float(h);
+      f[i] = kind == DType::kFloat16 ? paddle_ext::fp16_to_float(h) : paddle_ext::bf16_to_float(h);
     }
   }
   return f;

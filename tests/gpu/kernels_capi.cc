@@ -14,7 +14,7 @@ extern "C" {
 
 // Mirrored by flash_attn_gpu.FlashArgs (checked there against pe_flash_args_size()).
 struct PeFlashArgs {
-  int32_t kind;  // 0 float32, 1 float16, 2 bfloat16 (paddle_ext::FloatKind)
+  int32_t kind;  // 0 float32, 1 float16, 2 bfloat16 (paddle_ext::DType)
   int32_t causal;
   int64_t batch, seqlen_q, seqlen_k, heads_q, heads_k, head_dim;
   float dropout;
@@ -29,7 +29,7 @@ const char* pe_kernels_platform() { return paddle_ext::gpu::kPlatform; }
 namespace {
 
 gpu_check::FlashShape shape_of(const PeFlashArgs& a) {
-  gpu_check::FlashShape s = gpu_check::flash_shape(static_cast<paddle_ext::FloatKind>(a.kind), a.batch, a.seqlen_q,
+  gpu_check::FlashShape s = gpu_check::flash_shape(static_cast<paddle_ext::DType>(a.kind), a.batch, a.seqlen_q,
                                                    a.seqlen_k, a.heads_q, a.heads_k, a.head_dim, a.causal != 0,
                                                    a.dropout);
   s.seed = a.seed;

@@ -61,8 +61,8 @@ bool selected(const std::string& name) {
 int checks = 0, failures = 0, todos = 0;
 std::mt19937 rng(20261202);
 
-double tolerance(FloatKind kind) {
-  return kind == FloatKind::kFloat32 ? 1e-5 : kind == FloatKind::kFloat16 ? 5e-3 : 1e-2;
+double tolerance(DType kind) {
+  return kind == DType::kFloat32 ? 1e-5 : kind == DType::kFloat16 ? 5e-3 : 1e-2;
 }
 
 std::string fmt_error(double e) {
@@ -195,7 +195,7 @@ struct FlashOutputs {
 
 FlashOutputs flash_cpu(const FlashShape& s, const std::vector<char>& q, const std::vector<char>& k,
                        const std::vector<char>& v, const std::vector<char>& dout) {
-  const int64_t es = element_bytes(s.kind);
+  const int64_t es = dtype_bytes(s.kind);
   FlashOutputs o;
   o.out.resize(s.q_elems() * es);
   o.dq.resize(s.q_elems() * es);
@@ -215,7 +215,7 @@ FlashOutputs flash_cpu(const FlashShape& s, const std::vector<char>& q, const st
 FlashOutputs flash_gpu(const FlashShape& s, uint64_t offset, const DeviceBuffer& q, const DeviceBuffer& k,
                        const DeviceBuffer& v, const DeviceBuffer& dout, const DeviceBuffer& cu_q,
                        const DeviceBuffer& cu_k) {
-  const int64_t es = element_bytes(s.kind);
+  const int64_t es = dtype_bytes(s.kind);
   FlashShape shifted = s;
   shifted.offset = offset;
   const fa::Problem p = make_problem(shifted, cu_q.get<const int32_t>(), cu_k.get<const int32_t>());
@@ -242,7 +242,7 @@ FlashOutputs flash_gpu(const FlashShape& s, uint64_t offset, const DeviceBuffer&
 template <class Ref>
 double flash_error(const FlashShape& s, const FlashOutputs& a, const Ref& out, const Ref& lse, const Ref& dq,
                    const Ref& dk, const Ref& dv) {
-  const FloatKind kind = s.kind;
+  const DType kind = s.kind;
   return std::max({rel_error(to_floats(a.out, kind), out), rel_error(a.lse, lse), rel_error(to_floats(a.dq, kind), dq),
                    rel_error(to_floats(a.dk, kind), dk), rel_error(to_floats(a.dv, kind), dv)});
 }
@@ -286,7 +286,7 @@ void run_flash_tc_emulated(const FlashCase& c, const std::vector<char>& qb, cons
   const FlashShape& s = c.shape;
   const fa::Problem p = make_problem(s, s.cu_q.data(), s.cu_k.data());
   if (!tc_kernels_take(p)) return;
-  const int64_t es = element_bytes(s.kind);
+  const int64_t es = dtype_bytes(s.kind);
   FlashOutputs e;
   e.out.assign(s.q_elems() * es, static_cast<char>(0xFF));
   e.lse.assign(s.lse_elems(), NAN);
@@ -328,7 +328,7 @@ void run_flash_case(const FlashCase& c) {
     row("flash", c.name, NAN, NAN, "GPU against CPU only: no GPU", "skip");
     return;
   }
-  const FloatKind kind = s.kind;
+  const DType kind = s.kind;
   const std::vector<char> qb = to_bytes(normal_values(s.q_elems()), kind), kb = to_bytes(normal_values(s.k_elems()), kind),
                           vb = to_bytes(normal_values(s.k_elems()), kind),
                           db = to_bytes(normal_values(s.q_elems()), kind);
@@ -422,7 +422,7 @@ void run_flash_case(const FlashCase& c) {
 }
 
 std::vector<FlashCase> flash_cases() {
-  using F = FloatKind;
+  using F = DType;
   const auto TL = CausalAlign::kTopLeft;
   return {
       {"f32 B2 S17 H2 D32", flash_shape(F::kFloat32, 2, 17, 17, 2, 2, 32, false)},
@@ -459,49 +459,49 @@ std::vector<FlashCase> flash_cases() {
 
 // ---- rotary -------------------------------------------------------------------
 
-std::vector<char> rotary_bytes(const std::vector<double>& x, ro::DType t) {
-  std::vector<char> b(x.size() * ro::dtype_bytes(t));
+std::vector<char> rotary_bytes(const std::vector<double>& x, DType t) {
+  std::vector<char> b(x.size() * paddle_ext::dtype_bytes(t));
   for (size_t i = 0; i < x.size(); ++i) {
-    if (t == ro::DType::kFloat64) {
+    if (t == DType::kFloat64) {
       std::memcpy(b.data() + 8 * i, &x[i], 8);
-    } else if (t == ro::DType::kFloat32) {
+    } else if (t == DType::kFloat32) {
       const float f = static_cast<float>(x[i]);
       std::memcpy(b.data() + 4 * i, &f, 4);
     } else {
       const float f = static_cast<float>(x[i]);
-      const uint16_t h = t == ro::DType::kFloat16 ? paddle_ext::float_to_fp16(f) : paddle_ext::float_to_bf16(f);
+      const uint16_t h = t == DType::kFloat16 ? paddle_ext::float_to_fp16(f) : paddle_ext::float_to_bf16(f);
       std::memcpy(b.data() + 2 * i, &h, 2);
     }
   }
   return b;
 }
 
-std::vector<double> rotary_values(const std::vector<char>& b, ro::DType t) {
-  const size_t n = b.size() / ro::dtype_bytes(t);
+std::vector<double> rotary_values(const std::vector<char>& b, DType t) {
+  const size_t n = b.size() / paddle_ext::dtype_bytes(t);
   std::vector<double> x(n);
   for (size_t i = 0; i < n; ++i) {
-    if (t == ro::DType::kFloat64) {
+    if (t == DType::kFloat64) {
       std::memcpy(&x[i], b.data() + 8 * i, 8);
-    } else if (t == ro::DType::kFloat32) {
+    } else if (t == DType::kFloat32) {
       float f;
       std::memcpy(&f, b.data() + 4 * i, 4);
       x[i] = f;
     } else {
       uint16_t h;
       std::memcpy(&h, b.data() + 2 * i, 2);
-      x[i] = t == ro::DType::kFloat16 ? paddle_ext::fp16_to_float(h) : paddle_ext::bf16_to_float(h);
+      x[i] = t == DType::kFloat16 ? paddle_ext::fp16_to_float(h) : paddle_ext::bf16_to_float(h);
     }
   }
   return x;
 }
 
-double rotary_tolerance(ro::DType t) {
-  return t == ro::DType::kFloat64 ? 1e-12 : t == ro::DType::kFloat32 ? 1e-6 : t == ro::DType::kFloat16 ? 5e-3 : 1e-2;
+double rotary_tolerance(DType t) {
+  return t == DType::kFloat64 ? 1e-12 : t == DType::kFloat32 ? 1e-6 : t == DType::kFloat16 ? 5e-3 : 1e-2;
 }
 
 struct RotaryCase {
   std::string name;
-  ro::DType dtype;
+  DType dtype;
   int64_t batch, seq, heads, head_dim;
   bool time_major, adjacent, tables, position_ids;
 };
@@ -634,7 +634,7 @@ void run_rotary_position_check() {
 }
 
 std::vector<RotaryCase> rotary_cases() {
-  using T = ro::DType;
+  using T = DType;
   return {
       {"f32 tables+ids adjacent", T::kFloat32, 2, 33, 3, 64, false, true, true, true},
       {"f32 tables rotate-half time-major", T::kFloat32, 3, 17, 2, 128, true, false, true, false},
@@ -648,15 +648,8 @@ std::vector<RotaryCase> rotary_cases() {
 
 // ---- c_embedding --------------------------------------------------------------
 
-// The backward's summation kind for the float kinds this check covers.
-ce::GradKind grad_kind(FloatKind kind) {
-  return kind == FloatKind::kFloat32 ? ce::GradKind::kFloat32
-         : kind == FloatKind::kFloat16 ? ce::GradKind::kFloat16
-                                       : ce::GradKind::kBFloat16;
-}
-
 template <class IdT>
-void run_c_embedding_case(FloatKind kind, int64_t rows, int64_t width, int64_t start, int64_t vocab, int64_t n) {
+void run_c_embedding_case(DType kind, int64_t rows, int64_t width, int64_t start, int64_t vocab, int64_t n) {
   const std::string name = std::string(kind_name(kind)) + (sizeof(IdT) == 8 ? " int64" : " int32") + " rows " +
                            std::to_string(rows) + " width " + std::to_string(width) + " n " + std::to_string(n);
   std::uniform_int_distribution<int64_t> any_id(0, vocab - 1);
@@ -664,7 +657,7 @@ void run_c_embedding_case(FloatKind kind, int64_t rows, int64_t width, int64_t s
   for (int64_t i = 0; i < n; ++i) ids[i] = static_cast<IdT>(i % 5 == 0 ? start : any_id(rng));  // duplicates
   const std::vector<char> table = to_bytes(normal_values(rows * width), kind);
   const std::vector<char> grad_out = to_bytes(normal_values(n * width), kind);
-  const int64_t row_bytes = width * element_bytes(kind);
+  const int64_t row_bytes = width * dtype_bytes(kind);
   std::vector<char> out(n * row_bytes), expect(n * row_bytes, 0);
   ce::forward_cpu(table.data(), rows, row_bytes, ids.data(), n, start, out.data());
   for (int64_t i = 0; i < n; ++i) {
@@ -673,7 +666,7 @@ void run_c_embedding_case(FloatKind kind, int64_t rows, int64_t width, int64_t s
   }
   bool ok = out == expect;
   std::vector<char> grad(rows * row_bytes);
-  ce::backward_cpu(grad_kind(kind), grad_out.data(), ids.data(), n, rows, width, start, grad.data());
+  ce::backward_cpu(kind, grad_out.data(), ids.data(), n, rows, width, start, grad.data());
   const std::vector<float> g = to_floats(grad_out, kind);
   std::vector<double> ref(rows * width, 0.0);
   for (int64_t i = 0; i < n; ++i) {
@@ -695,6 +688,30 @@ void run_c_embedding_case(FloatKind kind, int64_t rows, int64_t width, int64_t s
          std::string("fwd ") + (out == expect ? "exact" : "DIFFERS") + ", id check at " + std::to_string(bad.position) +
              (have_gpu ? "; gpu: device_probe" : ""),
          ok);
+}
+
+// ---- element conversions ----------------------------------------------------
+
+// common/float_io.h's DTypeIo<kFloat16> on the host (half_simd.h's branch-free
+// conversions, which the CPU kernels vectorise) against half.h's, which the GPU
+// kernels use: every float16 loads to the same float (a signalling NaN to its
+// quiet twin), every float32 stores to the same float16.
+void run_float16_io_check() {
+  using Io = paddle_ext::DTypeIo<DType::kFloat16>;
+  int64_t load_diffs = 0, store_diffs = 0;
+  for (uint32_t h = 0; h <= 0xffffu; ++h) {
+    const uint32_t want = paddle_ext::float_to_bits(paddle_ext::fp16_to_float(static_cast<uint16_t>(h)));
+    const bool signalling = (h & 0x7c00u) == 0x7c00u && (h & 0x3ffu) != 0 && (h & 0x200u) == 0;
+    load_diffs += paddle_ext::float_to_bits(Io::load(static_cast<uint16_t>(h))) != (signalling ? want | 0x400000u : want);
+  }
+  uint32_t bits = 0;
+  do {
+    const float f = paddle_ext::bits_to_float(bits);
+    store_diffs += Io::store(f) != paddle_ext::float_to_fp16(f);
+  } while (++bits != 0);
+  result("dtype_io", "f16 host vs half.h, every input", NAN, NAN,
+         std::to_string(load_diffs) + " loads, " + std::to_string(store_diffs) + " stores differ",
+         load_diffs == 0 && store_diffs == 0);
 }
 
 }  // namespace
@@ -732,13 +749,14 @@ int main(int argc, char** argv) {
                 failures);
     return failures ? 1 : have_gpu ? 0 : 77;
   }
+  guarded("dtype_io", "f16 every input", [] { run_float16_io_check(); });
   for (const RotaryCase& c : rotary_cases()) guarded("rotary", c.name, [&] { run_rotary_case(c); });
   guarded("rotary", "position check", [] { run_rotary_position_check(); });
-  for (FloatKind kind : {FloatKind::kFloat32, FloatKind::kFloat16, FloatKind::kBFloat16}) {
+  for (DType kind : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
     guarded("c_embed", kind_name(kind), [&] { run_c_embedding_case<int64_t>(kind, 37, 8, 5, 60, 1000); });
     guarded("c_embed", kind_name(kind), [&] { run_c_embedding_case<int32_t>(kind, 37, 3, 0, 37, 1000); });
   }
-  guarded("c_embed", "f32 70000 rows", [] { run_c_embedding_case<int64_t>(FloatKind::kFloat32, 70000, 5, 1000, 140000, 6161); });
+  guarded("c_embed", "f32 70000 rows", [] { run_c_embedding_case<int64_t>(DType::kFloat32, 70000, 5, 1000, 140000, 6161); });
   std::printf("kernels_check: %d checks, %d failed, %d todo%s\n", checks, failures, todos,
               have_gpu ? "" : " (GPU half skipped: no GPU)");
   if (failures) return 1;

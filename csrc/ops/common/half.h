@@ -16,37 +16,20 @@
 
 namespace paddle_ext {
 
-enum class FloatKind { kFloat32, kFloat16, kBFloat16 };
-
-// Bit casts: CUDA's intrinsics in nvcc device code, clang's builtin in HIP
-// device code (hip_runtime.h need not be included yet), memcpy on the host.
-PADDLE_EXT_HOST_DEVICE inline uint32_t float_to_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#elif defined(__HIP_DEVICE_COMPILE__)
-  uint32_t bits;
-  __builtin_memcpy(&bits, &f, sizeof bits);
-  return bits;
-#else
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  return bits;
-#endif
+// The bits of `from` as a To of the same size: memcpy, which every compiler
+// here (g++, nvcc's device pass, clang's HIP device pass, where
+// hip_runtime.h need not be included yet) turns into a register move.
+template <class To, class From>
+PADDLE_EXT_HOST_DEVICE inline To bit_cast(const From& from) {
+  static_assert(sizeof(To) == sizeof(From), "bit_cast: the types differ in size");
+  To to;
+  __builtin_memcpy(&to, &from, sizeof to);
+  return to;
 }
 
-PADDLE_EXT_HOST_DEVICE inline float bits_to_float(uint32_t bits) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(bits);
-#elif defined(__HIP_DEVICE_COMPILE__)
-  float f;
-  __builtin_memcpy(&f, &bits, sizeof f);
-  return f;
-#else
-  float f;
-  std::memcpy(&f, &bits, sizeof f);
-  return f;
-#endif
-}
+PADDLE_EXT_HOST_DEVICE inline uint32_t float_to_bits(float f) { return bit_cast<uint32_t>(f); }
+
+PADDLE_EXT_HOST_DEVICE inline float bits_to_float(uint32_t bits) { return bit_cast<float>(bits); }
 
 PADDLE_EXT_HOST_DEVICE inline float bf16_to_float(uint16_t h) {
   return bits_to_float(static_cast<uint32_t>(h) << 16);

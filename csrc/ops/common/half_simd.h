@@ -13,7 +13,9 @@ namespace paddle_ext {
 
 // float16 <-> float without branches or loops, so the rotation loops stay
 // vectorisable; bit for bit the conversions of common/half.h (checked over
-// every float16 and every float32 input, with and without FMA contraction).
+// every float16 and every float32 input, with and without FMA contraction),
+// except that the 1022 signalling-NaN float16s load as the quiet NaN of the
+// same payload, which any arithmetic on them would give too.
 // Normal numbers are rebiased by exponent arithmetic and a power-of-two
 // scaling; float16 subnormals go through a float with a magic exponent; on the
 // way down, adding a power of two chosen from the input's exponent makes the

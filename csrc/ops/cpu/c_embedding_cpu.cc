@@ -61,9 +61,9 @@ namespace {
 // `dst`, from +0 in that order: Paddle's `table_grad[row] += out_grad[i]` on
 // zeroed memory. float16 / bfloat16 are summed in float32 and rounded once.
 template <typename It>
-void sum_rows(GradKind kind, const void* out_grad, It first, It last, int64_t width, void* dst,
+void sum_rows(DType kind, const void* out_grad, It first, It last, int64_t width, void* dst,
               std::vector<float>& acc32, std::vector<double>& acc64) {
-  if (kind == GradKind::kFloat64) {
+  if (kind == DType::kFloat64) {
     std::fill(acc64.begin(), acc64.end(), 0.0);
     for (It g = first; g != last; ++g) {
       const double* src = static_cast<const double*>(out_grad) + *g * width;
@@ -75,26 +75,24 @@ void sum_rows(GradKind kind, const void* out_grad, It first, It last, int64_t wi
   std::fill(acc32.begin(), acc32.end(), 0.f);
   for (It g = first; g != last; ++g) {
     const int64_t base = *g * width;
-    if (kind == GradKind::kFloat32) {  // the common case, kept vectorisable
+    if (kind == DType::kFloat32) {  // the common case, kept vectorisable
       const float* src = static_cast<const float*>(out_grad) + base;
       for (int64_t j = 0; j < width; ++j) acc32[j] += src[j];
     } else {
-      const FloatKind half = kind == GradKind::kFloat16 ? FloatKind::kFloat16 : FloatKind::kBFloat16;
-      for (int64_t j = 0; j < width; ++j) acc32[j] += load_float(half, out_grad, base + j);
+      for (int64_t j = 0; j < width; ++j) acc32[j] += load_float(kind, out_grad, base + j);
     }
   }
-  if (kind == GradKind::kFloat32) {
+  if (kind == DType::kFloat32) {
     std::memcpy(dst, acc32.data(), static_cast<std::size_t>(width) * sizeof(float));
   } else {
-    const FloatKind half = kind == GradKind::kFloat16 ? FloatKind::kFloat16 : FloatKind::kBFloat16;
-    for (int64_t j = 0; j < width; ++j) store_float(half, dst, j, acc32[j]);
+    for (int64_t j = 0; j < width; ++j) store_float(kind, dst, j, acc32[j]);
   }
 }
 
 }  // namespace
 
 template <typename IdT>
-void backward_cpu(GradKind kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
+void backward_cpu(DType kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
                   int64_t width, int64_t start, void* table_grad) {
   // Positions of in-range ids, stably sorted by row: each row's contributions
   // then sit together in their original order.
@@ -108,15 +106,15 @@ void backward_cpu(GradKind kind, const void* out_grad, const IdT* ids, int64_t n
   std::stable_sort(order.begin(), order.end(),
                    [&](int64_t a, int64_t b) { return row_of(a) < row_of(b); });
 
-  const int64_t row_bytes = width * grad_element_bytes(kind);
+  const int64_t row_bytes = width * dtype_bytes(kind);
   char* grad = static_cast<char*>(table_grad);
   advise_huge_pages(grad, static_cast<std::size_t>(rows * row_bytes));
   parallel_for(rows, 1024, [&](int64_t row_begin, int64_t row_end) {
     std::memset(grad + row_begin * row_bytes, 0, (row_end - row_begin) * row_bytes);
     auto first = std::lower_bound(order.begin(), order.end(), row_begin,
                                   [&](int64_t pos, int64_t r) { return row_of(pos) < r; });
-    std::vector<float> acc32(kind == GradKind::kFloat64 ? 0 : width);
-    std::vector<double> acc64(kind == GradKind::kFloat64 ? width : 0);
+    std::vector<float> acc32(kind == DType::kFloat64 ? 0 : width);
+    std::vector<double> acc64(kind == DType::kFloat64 ? width : 0);
     for (auto it = first; it != order.end() && row_of(*it) < row_end;) {
       const int64_t row = row_of(*it);
       auto group_end = it;
@@ -131,7 +129,7 @@ void backward_cpu(GradKind kind, const void* out_grad, const IdT* ids, int64_t n
   template BadId find_out_of_range_cpu<IdT>(const IdT*, int64_t, int64_t);                      \
   template void forward_cpu<IdT>(const char*, int64_t, int64_t, const IdT*, int64_t, int64_t,    \
                                  char*);                                                         \
-  template void backward_cpu<IdT>(GradKind, const void*, const IdT*, int64_t, int64_t, int64_t, \
+  template void backward_cpu<IdT>(DType, const void*, const IdT*, int64_t, int64_t, int64_t,    \
                                   int64_t, void*);
 PADDLE_EXT_INSTANTIATE(int32_t)
 PADDLE_EXT_INSTANTIATE(int64_t)

@@ -139,36 +139,29 @@ void dropout_row_scalar(const Ctx& ctx, uint64_t subsequence, int64_t i, int64_t
 }
 
 // rows x cols of src (row stride src_rs) into dst (kind) at element dst_off, row stride dst_rs.
-void store_rows(FloatKind kind, const float* src, int64_t src_rs, int64_t rows, int64_t cols, void* dst,
+void store_rows(DType kind, const float* src, int64_t src_rs, int64_t rows, int64_t cols, void* dst,
                 int64_t dst_off, int64_t dst_rs) {
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* s = src + r * src_rs;
-    const int64_t o = dst_off + r * dst_rs;
-    switch (kind) {
-      case FloatKind::kFloat32:
-        std::memcpy(static_cast<float*>(dst) + o, s, cols * sizeof(float));
-        break;
-      case FloatKind::kFloat16: {
-        uint16_t* d = static_cast<uint16_t*>(dst) + o;
-        for (int64_t c = 0; c < cols; ++c) d[c] = float_to_fp16(s[c]);
-        break;
-      }
-      case FloatKind::kBFloat16: {
-        uint16_t* d = static_cast<uint16_t*>(dst) + o;
-        for (int64_t c = 0; c < cols; ++c) d[c] = float_to_bf16(s[c]);
-        break;
-      }
+  with_dtype<false>(kind, [&](auto io) {
+    using Io = decltype(io);
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* s = src + r * src_rs;
+      typename Io::Storage* d = static_cast<typename Io::Storage*>(dst) + dst_off + r * dst_rs;
+      for (int64_t c = 0; c < cols; ++c) d[c] = Io::store(s[c]);
     }
-  }
+  });
 }
 
 // A float32 view of n elements: the data itself, or a converted copy in `buf`.
-const float* as_f32(FloatKind kind, const void* data, int64_t n, std::vector<float>* buf) {
-  if (kind == FloatKind::kFloat32 || data == nullptr) return static_cast<const float*>(data);
+const float* as_f32(DType kind, const void* data, int64_t n, std::vector<float>* buf) {
+  if (kind == DType::kFloat32 || data == nullptr) return static_cast<const float*>(data);
   buf->resize(n);
   float* dst = buf->data();
-  parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
-    for (int64_t i = b; i < e; ++i) dst[i] = load_float(kind, data, i);
+  with_dtype<false>(kind, [&](auto io) {
+    using Io = decltype(io);
+    const auto* src = static_cast<const typename Io::Storage*>(data);
+    parallel_for(n, 1 << 16, [&](int64_t b, int64_t e) {
+      for (int64_t i = b; i < e; ++i) dst[i] = Io::load(src[i]);
+    });
   });
   return dst;
 }
@@ -776,7 +769,7 @@ void softmax_aligned(const Problem& p, const void* q, const void* k, const float
   ctx.lse = const_cast<float*>(lse);
   ctx.softmax = softmax;
   const int64_t elems = p.batch * p.heads_q * p.seqlen_q * p.seqlen_k;
-  const int64_t esize = element_bytes(p.kind);
+  const int64_t esize = dtype_bytes(p.kind);
   std::memset(softmax, 0, static_cast<size_t>(elems * esize));
   const std::vector<QueryTask> tasks = query_tasks(p);
   const int64_t workers = workers_for(static_cast<int64_t>(tasks.size()));
@@ -881,18 +874,18 @@ bool needs_padding(const Problem& p) { return p.head_dim % kHeadDimMultiple != 0
 
 Problem padded(const Problem& p) {
   Problem r = p;
-  r.kind = FloatKind::kFloat32;
+  r.kind = DType::kFloat32;
   r.head_dim = round_up(p.head_dim, kHeadDimMultiple);
   return r;
 }
 
 // rows of D elements (kind) into float32 rows of Dp, zero beyond D.
-std::vector<float> pad_rows(FloatKind kind, const void* src, int64_t rows, int64_t D, int64_t Dp) {
+std::vector<float> pad_rows(DType kind, const void* src, int64_t rows, int64_t D, int64_t Dp) {
   std::vector<float> dst(static_cast<size_t>(rows * Dp));
   float* d = dst.data();
   parallel_for(rows, 256, [&](int64_t b, int64_t e) {
     for (int64_t r = b; r < e; ++r) {
-      for (int64_t c = 0; c < D; ++c) d[r * Dp + c] = load_float(kind, src, r * D + c);
+      for (int64_t c = 0; c < D; ++c) d[r * Dp + c] = load_float<false>(kind, src, r * D + c);
       std::fill(d + r * Dp + D, d + (r + 1) * Dp, 0.f);
     }
   });
@@ -900,7 +893,7 @@ std::vector<float> pad_rows(FloatKind kind, const void* src, int64_t rows, int64
 }
 
 // float32 rows of Dp into rows of D (kind).
-void unpad_rows(FloatKind kind, const std::vector<float>& src, int64_t rows, int64_t D, int64_t Dp, void* dst) {
+void unpad_rows(DType kind, const std::vector<float>& src, int64_t rows, int64_t D, int64_t Dp, void* dst) {
   parallel_for(rows, 256, [&](int64_t b, int64_t e) {
     store_rows(kind, src.data() + b * Dp, Dp, e - b, D, dst, b * D, D);
   });
@@ -962,9 +955,9 @@ bool mask_documents(const Problem& p, int64_t b, std::vector<int32_t>* bounds) {
 }
 
 template <typename T>
-T* at(FloatKind kind, T* base, int64_t elems) {
+T* at(DType kind, T* base, int64_t elems) {
   using Byte = std::conditional_t<std::is_const_v<T>, const char, char>;
-  return base == nullptr ? nullptr : reinterpret_cast<T*>(reinterpret_cast<Byte*>(base) + elems * element_bytes(kind));
+  return base == nullptr ? nullptr : reinterpret_cast<T*>(reinterpret_cast<Byte*>(base) + elems * dtype_bytes(kind));
 }
 
 // Runs fn(sub, b) for every sequence b of a FlashMask call in which some
@@ -1027,7 +1020,7 @@ void softmax_cpu(const Problem& p, const void* q, const void* k, const float* ls
   const int64_t D = p.head_dim, Dp = pp.head_dim;
   const std::vector<float> q32 = pad_rows(p.kind, q, p.total_q * p.heads_q, D, Dp);
   const std::vector<float> k32 = pad_rows(p.kind, k, p.total_k * p.heads_k, D, Dp);
-  if (p.kind == FloatKind::kFloat32) return softmax_aligned(pp, q32.data(), k32.data(), lse, softmax);
+  if (p.kind == DType::kFloat32) return softmax_aligned(pp, q32.data(), k32.data(), lse, softmax);
   // float16 / bfloat16: the probabilities in float32, then converted.
   const int64_t elems = p.batch * p.heads_q * p.seqlen_q * p.seqlen_k;
   std::vector<float> sm32(static_cast<size_t>(elems));

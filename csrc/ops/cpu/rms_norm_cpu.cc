@@ -11,40 +11,12 @@
 #include <cstring>
 #include <vector>
 
-#include "common/half.h"
-#include "common/half_simd.h"
 #include "common/memory.h"
 #include "common/parallel.h"
 #include "rms_norm.h"
 
 namespace paddle_ext::rms_norm {
 namespace {
-
-// Storage of each FloatKind, with branch-free conversions so the row loops
-// vectorise.
-template <FloatKind kKind>
-struct Io;
-
-template <>
-struct Io<FloatKind::kFloat32> {
-  using T = float;
-  static float load(float v) { return v; }
-  static float store(float v) { return v; }
-};
-
-template <>
-struct Io<FloatKind::kFloat16> {
-  using T = uint16_t;
-  static float load(uint16_t v) { return fp16_to_float_branchless(v); }
-  static uint16_t store(float v) { return float_to_fp16_branchless(v); }
-};
-
-template <>
-struct Io<FloatKind::kBFloat16> {
-  using T = uint16_t;
-  static float load(uint16_t v) { return bf16_to_float(v); }
-  static uint16_t store(float v) { return float_to_bf16(v); }
-};
 
 constexpr int64_t kLanes = 16;
 constexpr int64_t kSumBlock = 256;
@@ -74,7 +46,7 @@ inline double blocked_sum(int64_t n, const Term& term) {
 }
 
 template <class X>
-inline float row_inv_var(const typename X::T* xr, int64_t n, float epsilon) {
+inline float row_inv_var(const typename X::Storage* xr, int64_t n, float epsilon) {
   const double squares = blocked_sum(n, [xr](int64_t j) {
     const float v = X::load(xr[j]);
     return v * v;
@@ -84,7 +56,7 @@ inline float row_inv_var(const typename X::T* xr, int64_t n, float epsilon) {
 
 template <class W>
 std::vector<float> weight_as_float(const Problem& p) {
-  const auto* w = static_cast<const typename W::T*>(p.weight);
+  const auto* w = static_cast<const typename W::Storage*>(p.weight);
   std::vector<float> out(static_cast<size_t>(p.cols));
   for (int64_t j = 0; j < p.cols; ++j) out[j] = W::load(w[j]);
   return out;
@@ -96,13 +68,13 @@ template <class X, class W>
 void forward_typed(const Problem& p, void* y, float* inv_var) {
   const std::vector<float> weight = weight_as_float<W>(p);
   const float* wf = weight.data();
-  const auto* x = static_cast<const typename X::T*>(p.x);
-  auto* out = static_cast<typename W::T*>(y);
+  const auto* x = static_cast<const typename X::Storage*>(p.x);
+  auto* out = static_cast<typename W::Storage*>(y);
   const int64_t n = p.cols;
   parallel_for(p.rows, row_grain(n), [&](int64_t begin, int64_t end) {
     for (int64_t r = begin; r < end; ++r) {
-      const typename X::T* xr = x + r * n;
-      typename W::T* yr = out + r * n;
+      const typename X::Storage* xr = x + r * n;
+      typename W::Storage* yr = out + r * n;
       const float inv = row_inv_var<X>(xr, n, p.epsilon);
       inv_var[r] = inv;
       for (int64_t j = 0; j < n; ++j) yr[j] = W::store(wf[j] * inv * X::load(xr[j]));
@@ -114,9 +86,9 @@ template <class X, class W>
 void backward_typed(const Problem& p, const void* dy, const float* inv_var, void* dx, void* dweight) {
   const std::vector<float> weight = weight_as_float<W>(p);
   const float* wf = weight.data();
-  const auto* x = static_cast<const typename X::T*>(p.x);
-  const auto* g = static_cast<const typename W::T*>(dy);
-  auto* gx = static_cast<typename X::T*>(dx);
+  const auto* x = static_cast<const typename X::Storage*>(p.x);
+  const auto* g = static_cast<const typename W::Storage*>(dy);
+  auto* gx = static_cast<typename X::Storage*>(dx);
   const int64_t n = p.cols;
   const double inv_n = 1.0 / static_cast<double>(n);
 
@@ -132,9 +104,9 @@ void backward_typed(const Problem& p, const void* dy, const float* inv_var, void
       double* dw = dweight != nullptr ? partial.data() + part * n : nullptr;
       const int64_t r_end = std::min(p.rows, (part + 1) * rows_per_part);
       for (int64_t r = part * rows_per_part; r < r_end; ++r) {
-        const typename X::T* xr = x + r * n;
-        const typename W::T* gr = g + r * n;
-        typename X::T* gxr = gx + r * n;
+        const typename X::Storage* xr = x + r * n;
+        const typename W::Storage* gr = g + r * n;
+        typename X::Storage* gxr = gx + r * n;
         const float inv = inv_var != nullptr ? inv_var[r] : row_inv_var<X>(xr, n, p.epsilon);
         const double dot = blocked_sum(n, [xr, gr, wf](int64_t j) { return W::load(gr[j]) * wf[j] * X::load(xr[j]); });
         const double inv_d = inv;
@@ -156,7 +128,7 @@ void backward_typed(const Problem& p, const void* dy, const float* inv_var, void
   });
 
   if (dweight != nullptr) {
-    auto* out = static_cast<typename W::T*>(dweight);
+    auto* out = static_cast<typename W::Storage*>(dweight);
     parallel_for(n, std::max<int64_t>(1, 16384 / parts), [&](int64_t begin, int64_t end) {
       for (int64_t j = begin; j < end; ++j) {
         double sum = 0.0;
@@ -167,31 +139,15 @@ void backward_typed(const Problem& p, const void* dy, const float* inv_var, void
   }
 }
 
-// Calls fn.template operator()<X, W>() for the problem's pair of kinds.
+// fn(X{}, W{}) for the DTypeIo of x and of weight (float64 is not taken).
 template <class Fn>
 void dispatch(const Problem& p, const Fn& fn) {
-  auto with_weight = [&](auto x_io) {
-    using X = decltype(x_io);
-    switch (p.weight_kind) {
-      case FloatKind::kFloat32:
-        return fn(X{}, Io<FloatKind::kFloat32>{});
-      case FloatKind::kFloat16:
-        return fn(X{}, Io<FloatKind::kFloat16>{});
-      case FloatKind::kBFloat16:
-        return fn(X{}, Io<FloatKind::kBFloat16>{});
-    }
-  };
-  switch (p.x_kind) {
-    case FloatKind::kFloat32:
-      return with_weight(Io<FloatKind::kFloat32>{});
-    case FloatKind::kFloat16:
-      return with_weight(Io<FloatKind::kFloat16>{});
-    case FloatKind::kBFloat16:
-      return with_weight(Io<FloatKind::kBFloat16>{});
-  }
+  with_dtype<false>(p.x_kind, [&](auto x_io) {
+    with_dtype<false>(p.weight_kind, [&](auto w_io) { fn(x_io, w_io); });
+  });
 }
 
-size_t bytes_of(FloatKind kind, int64_t n) { return static_cast<size_t>(n) * (kind == FloatKind::kFloat32 ? 4 : 2); }
+size_t bytes_of(DType kind, int64_t n) { return static_cast<size_t>(n * dtype_bytes(kind)); }
 
 }  // namespace
 

@@ -19,50 +19,12 @@
 #include <mutex>
 #include <vector>
 
-#include "common/half.h"
-#include "common/half_simd.h"
 #include "common/memory.h"
 #include "common/parallel.h"
 #include "rotary.h"
 
 namespace paddle_ext::rotary {
 namespace {
-
-// Storage and arithmetic types of each dtype.
-template <DType kType>
-struct Traits;
-
-template <>
-struct Traits<DType::kFloat32> {
-  using Storage = float;
-  using Compute = double;
-  static Compute load(Storage v) { return v; }
-  static Storage store(Compute v) { return static_cast<float>(v); }
-};
-
-template <>
-struct Traits<DType::kFloat64> {
-  using Storage = double;
-  using Compute = double;
-  static Compute load(Storage v) { return v; }
-  static Storage store(Compute v) { return v; }
-};
-
-template <>
-struct Traits<DType::kFloat16> {
-  using Storage = uint16_t;
-  using Compute = float;
-  static Compute load(Storage v) { return fp16_to_float_branchless(v); }
-  static Storage store(Compute v) { return float_to_fp16_branchless(v); }
-};
-
-template <>
-struct Traits<DType::kBFloat16> {
-  using Storage = uint16_t;
-  using Compute = float;
-  static Compute load(Storage v) { return bf16_to_float(v); }
-  static Storage store(Compute v) { return float_to_bf16(v); }
-};
 
 // ------------------------------------------------------------ computed angles
 
@@ -137,11 +99,11 @@ int sigma(int64_t i, int64_t head_dim, bool adjacent) {
 }
 
 // c[i] and ss[i] such that out[i] = x[i] * c[i] + x[partner(i)] * ss[i].
-template <class Tr>
+template <class Io>
 void token_coefficients(const Problem& p, int64_t pos, bool backward, const AngleTable* angles,
-                        typename Tr::Compute* c, typename Tr::Compute* s, typename Tr::Compute* ss) {
-  using C = typename Tr::Compute;
-  using S = typename Tr::Storage;
+                        Compute<Io::kDType>* c, Compute<Io::kDType>* s, Compute<Io::kDType>* ss) {
+  using C = Compute<Io::kDType>;
+  using S = typename Io::Storage;
   const int64_t d = p.head_dim;
   if (angles != nullptr) {
     const int64_t half = d / 2;
@@ -155,8 +117,8 @@ void token_coefficients(const Problem& p, int64_t pos, bool backward, const Angl
     const S* crow = static_cast<const S*>(p.cos) + pos * d;
     const S* srow = static_cast<const S*>(p.sin) + pos * d;
     for (int64_t i = 0; i < d; ++i) {
-      c[i] = Tr::load(crow[i]);
-      s[i] = Tr::load(srow[i]);
+      c[i] = Io::load(crow[i]);
+      s[i] = Io::load(srow[i]);
     }
   }
   for (int64_t i = 0; i < d; ++i) {
@@ -166,39 +128,39 @@ void token_coefficients(const Problem& p, int64_t pos, bool backward, const Angl
 }
 
 // Rotates `rows` consecutive rows of head_dim elements.
-template <class Tr, bool kAdjacent>
-__attribute__((always_inline)) inline void rotate_rows(const typename Tr::Storage* __restrict__ x,
-                                                       typename Tr::Storage* __restrict__ y, int64_t rows,
-                                                       int64_t d, const typename Tr::Compute* __restrict__ c,
-                                                       const typename Tr::Compute* __restrict__ ss) {
-  using C = typename Tr::Compute;
+template <class Io, bool kAdjacent>
+__attribute__((always_inline)) inline void rotate_rows(const typename Io::Storage* __restrict__ x,
+                                                       typename Io::Storage* __restrict__ y, int64_t rows,
+                                                       int64_t d, const Compute<Io::kDType>* __restrict__ c,
+                                                       const Compute<Io::kDType>* __restrict__ ss) {
+  using C = Compute<Io::kDType>;
   const int64_t half = d / 2;
   for (int64_t r = 0; r < rows; ++r, x += d, y += d) {
     if (kAdjacent) {
       for (int64_t j = 0; j < d; j += 2) {
-        const C x0 = Tr::load(x[j]);
-        const C x1 = Tr::load(x[j + 1]);
-        y[j] = Tr::store(x0 * c[j] + x1 * ss[j]);
-        y[j + 1] = Tr::store(x1 * c[j + 1] + x0 * ss[j + 1]);
+        const C x0 = Io::load(x[j]);
+        const C x1 = Io::load(x[j + 1]);
+        y[j] = Io::store(static_cast<typename Io::Value>(x0 * c[j] + x1 * ss[j]));
+        y[j + 1] = Io::store(static_cast<typename Io::Value>(x1 * c[j + 1] + x0 * ss[j + 1]));
       }
     } else {
       for (int64_t j = 0; j < half; ++j) {
-        const C x0 = Tr::load(x[j]);
-        const C x1 = Tr::load(x[j + half]);
-        y[j] = Tr::store(x0 * c[j] + x1 * ss[j]);
-        y[j + half] = Tr::store(x1 * c[j + half] + x0 * ss[j + half]);
+        const C x0 = Io::load(x[j]);
+        const C x1 = Io::load(x[j + half]);
+        y[j] = Io::store(static_cast<typename Io::Value>(x0 * c[j] + x1 * ss[j]));
+        y[j + half] = Io::store(static_cast<typename Io::Value>(x1 * c[j + half] + x0 * ss[j + half]));
       }
     }
   }
 }
 
 // Tokens [begin, end), in the memory order of the tensor.
-template <class Tr, bool kAdjacent>
+template <class Io, bool kAdjacent>
 __attribute__((always_inline)) inline void process_tokens(const Problem& p, bool backward,
                                                           const AngleTable* angles, int64_t begin,
                                                           int64_t end) {
-  using C = typename Tr::Compute;
-  using S = typename Tr::Storage;
+  using C = Compute<Io::kDType>;
+  using S = typename Io::Storage;
   const int64_t d = p.head_dim;
   std::vector<C> buffer(static_cast<size_t>(3 * d));
   C* c = buffer.data();
@@ -210,34 +172,34 @@ __attribute__((always_inline)) inline void process_tokens(const Problem& p, bool
     const int64_t q = p.time_major ? t / p.batch : t % p.seq;
     const int64_t pos = p.position_ids != nullptr ? p.position_ids[b * p.seq + q] : q;
     if (pos != last_pos) {  // time-major without position ids: a run of equal positions
-      token_coefficients<Tr>(p, pos, backward, angles, c, s, ss);
+      token_coefficients<Io>(p, pos, backward, angles, c, s, ss);
       last_pos = pos;
     }
     const int64_t row = t * p.heads * d;
-    rotate_rows<Tr, kAdjacent>(static_cast<const S*>(p.in) + row, static_cast<S*>(p.out) + row, p.heads, d, c,
+    rotate_rows<Io, kAdjacent>(static_cast<const S*>(p.in) + row, static_cast<S*>(p.out) + row, p.heads, d, c,
                                ss);
   }
 }
 
 using RangeFn = void (*)(const Problem&, bool, const AngleTable*, int64_t, int64_t);
 
-template <class Tr, bool kAdjacent>
+template <class Io, bool kAdjacent>
 void range_default(const Problem& p, bool backward, const AngleTable* angles, int64_t begin, int64_t end) {
-  process_tokens<Tr, kAdjacent>(p, backward, angles, begin, end);
+  process_tokens<Io, kAdjacent>(p, backward, angles, begin, end);
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define PADDLE_EXT_ROTARY_X86 1
-template <class Tr, bool kAdjacent>
+template <class Io, bool kAdjacent>
 __attribute__((target("avx2,fma"))) void range_avx2(const Problem& p, bool backward, const AngleTable* angles,
                                                     int64_t begin, int64_t end) {
-  process_tokens<Tr, kAdjacent>(p, backward, angles, begin, end);
+  process_tokens<Io, kAdjacent>(p, backward, angles, begin, end);
 }
 
-template <class Tr, bool kAdjacent>
+template <class Io, bool kAdjacent>
 __attribute__((target("avx512f,avx512vl,avx512bw,avx512dq,avx2,fma"))) void range_avx512(
     const Problem& p, bool backward, const AngleTable* angles, int64_t begin, int64_t end) {
-  process_tokens<Tr, kAdjacent>(p, backward, angles, begin, end);
+  process_tokens<Io, kAdjacent>(p, backward, angles, begin, end);
 }
 #endif
 
@@ -261,20 +223,20 @@ Isa pick_isa() {
   return Isa::kDefault;
 }
 
-template <class Tr, bool kAdjacent>
+template <class Io, bool kAdjacent>
 RangeFn range_fn(Isa isa) {
 #if defined(PADDLE_EXT_ROTARY_X86)
-  if (isa == Isa::kAvx512) return &range_avx512<Tr, kAdjacent>;
-  if (isa == Isa::kAvx2) return &range_avx2<Tr, kAdjacent>;
+  if (isa == Isa::kAvx512) return &range_avx512<Io, kAdjacent>;
+  if (isa == Isa::kAvx2) return &range_avx2<Io, kAdjacent>;
 #else
   (void)isa;
 #endif
-  return &range_default<Tr, kAdjacent>;
+  return &range_default<Io, kAdjacent>;
 }
 
-template <class Tr>
+template <class Io>
 RangeFn range_fn(Isa isa, bool adjacent) {
-  return adjacent ? range_fn<Tr, true>(isa) : range_fn<Tr, false>(isa);
+  return adjacent ? range_fn<Io, true>(isa) : range_fn<Io, false>(isa);
 }
 
 void run(const Problem& p, bool backward) {
@@ -284,21 +246,8 @@ void run(const Problem& p, bool backward) {
   if (p.sin == nullptr || p.cos == nullptr) angles = cached_angles(p.seq, p.head_dim, p.base);
 
   const Isa isa = pick_isa();
-  RangeFn fn = nullptr;
-  switch (p.dtype) {
-    case DType::kFloat32:
-      fn = range_fn<Traits<DType::kFloat32>>(isa, p.adjacent_pairs);
-      break;
-    case DType::kFloat64:
-      fn = range_fn<Traits<DType::kFloat64>>(isa, p.adjacent_pairs);
-      break;
-    case DType::kFloat16:
-      fn = range_fn<Traits<DType::kFloat16>>(isa, p.adjacent_pairs);
-      break;
-    case DType::kBFloat16:
-      fn = range_fn<Traits<DType::kBFloat16>>(isa, p.adjacent_pairs);
-      break;
-  }
+  const RangeFn fn =
+      with_dtype(p.dtype, [&](auto io) { return range_fn<decltype(io)>(isa, p.adjacent_pairs); });
 
   const int64_t per_token = p.heads * p.head_dim;
   advise_huge_pages(p.out, static_cast<std::size_t>(tokens * per_token * dtype_bytes(p.dtype)));

@@ -253,39 +253,10 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// float64 sums in double, every other kind in float32.
-template <GradKind kKind>
-using Accumulator = std::conditional_t<kKind == GradKind::kFloat64, double, float>;
-
-template <GradKind kKind>
-__device__ __forceinline__ Accumulator<kKind> load_grad(const void* base, int64_t i) {
-  if constexpr (kKind == GradKind::kFloat64) {
-    return static_cast<const double*>(base)[i];
-  } else if constexpr (kKind == GradKind::kFloat32) {
-    return static_cast<const float*>(base)[i];
-  } else if constexpr (kKind == GradKind::kFloat16) {
-    return fp16_to_float(static_cast<const uint16_t*>(base)[i]);
-  } else {
-    return bf16_to_float(static_cast<const uint16_t*>(base)[i]);
-  }
-}
-
-template <GradKind kKind>
-__device__ __forceinline__ void store_grad(void* base, int64_t i, Accumulator<kKind> v) {
-  if constexpr (kKind == GradKind::kFloat64) {
-    static_cast<double*>(base)[i] = v;
-  } else if constexpr (kKind == GradKind::kFloat32) {
-    static_cast<float*>(base)[i] = v;
-  } else if constexpr (kKind == GradKind::kFloat16) {
-    static_cast<uint16_t*>(base)[i] = float_to_fp16(v);
-  } else {
-    static_cast<uint16_t*>(base)[i] = float_to_bf16(v);
-  }
-}
-
 // One block per unique row: blocks walk the sorted keys and act on the first
 // index of each run of equal keys.
-template <GradKind kKind>
+// Sums in the dtype's Value: float64 in double, every other dtype in float32.
+template <class Io>
 __global__ void __launch_bounds__(kThreads)
     accumulate_kernel(const void* out_grad, const uint32_t* keys, const uint32_t* positions, int64_t n,
                       int64_t rows, int64_t width, void* table_grad) {
@@ -295,21 +266,20 @@ __global__ void __launch_bounds__(kThreads)
     if (s > 0 && keys[s - 1] == key) continue;
     const int64_t row = key;
     for (int64_t j = threadIdx.x; j < width; j += blockDim.x) {
-      Accumulator<kKind> acc = 0;
+      typename Io::Value acc = 0;
       for (int64_t q = s; q < n && keys[q] == key; ++q) {
-        acc += load_grad<kKind>(out_grad, int64_t{positions[q]} * width + j);
+        acc += Io::load(static_cast<const typename Io::Storage*>(out_grad)[int64_t{positions[q]} * width + j]);
       }
-      store_grad<kKind>(table_grad, row * width + j, acc);
+      static_cast<typename Io::Storage*>(table_grad)[row * width + j] = Io::store(acc);
     }
   }
 }
 
-template <GradKind kKind>
+template <class Io>
 void launch_accumulate(const void* out_grad, const uint32_t* keys, const uint32_t* positions, int64_t n,
                        int64_t rows, int64_t width, void* table_grad, Stream stream) {
   const int64_t blocks = std::min<int64_t>(n, kMaxBlocks);
-  accumulate_kernel<kKind><<<blocks, kThreads, 0, stream>>>(out_grad, keys, positions, n, rows, width,
-                                                            table_grad);
+  accumulate_kernel<Io><<<blocks, kThreads, 0, stream>>>(out_grad, keys, positions, n, rows, width, table_grad);
   check_launch();
 }
 
@@ -366,11 +336,11 @@ void forward_gpu(const char* table, int64_t rows, int64_t row_bytes, const IdT* 
 }
 
 template <typename IdT>
-void backward_gpu(GradKind kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
+void backward_gpu(DType kind, const void* out_grad, const IdT* ids, int64_t n, int64_t rows,
                   int64_t width, int64_t start, void* table_grad, void* stream) {
   if (rows <= 0 || width <= 0) return;
   const Stream s = as_stream(stream);
-  const int64_t element_bytes = grad_element_bytes(kind);
+  const int64_t element_bytes = dtype_bytes(kind);
   PADDLE_EXT_GPU_CHECK(gpu::memset_async(table_grad, 0, static_cast<size_t>(rows * width * element_bytes), s));
   if (n <= 0) return;
   // Keys, positions and offsets are 32-bit; `rows` itself is the sentinel key.
@@ -402,20 +372,9 @@ void backward_gpu(GradKind kind, const void* out_grad, const IdT* ids, int64_t n
     check_launch();
     cur = 1 - cur;
   }
-  switch (kind) {
-    case GradKind::kFloat32:
-      launch_accumulate<GradKind::kFloat32>(out_grad, keys[cur], positions[cur], n, rows, width, table_grad, s);
-      break;
-    case GradKind::kFloat16:
-      launch_accumulate<GradKind::kFloat16>(out_grad, keys[cur], positions[cur], n, rows, width, table_grad, s);
-      break;
-    case GradKind::kBFloat16:
-      launch_accumulate<GradKind::kBFloat16>(out_grad, keys[cur], positions[cur], n, rows, width, table_grad, s);
-      break;
-    case GradKind::kFloat64:
-      launch_accumulate<GradKind::kFloat64>(out_grad, keys[cur], positions[cur], n, rows, width, table_grad, s);
-      break;
-  }
+  with_dtype(kind, [&](auto io) {
+    launch_accumulate<decltype(io)>(out_grad, keys[cur], positions[cur], n, rows, width, table_grad, s);
+  });
   // The scratch buffer is freed stream-ordered (or after a sync) when it goes
   // out of scope; the kernels above have all been queued by then.
 }
@@ -424,7 +383,7 @@ void backward_gpu(GradKind kind, const void* out_grad, const IdT* ids, int64_t n
   template BadId find_out_of_range_gpu<IdT>(const IdT*, int64_t, int64_t, void*);                   \
   template void forward_gpu<IdT>(const char*, int64_t, int64_t, const IdT*, int64_t, int64_t, char*, \
                                  void*);                                                             \
-  template void backward_gpu<IdT>(GradKind, const void*, const IdT*, int64_t, int64_t, int64_t,     \
+  template void backward_gpu<IdT>(DType, const void*, const IdT*, int64_t, int64_t, int64_t,        \
                                   int64_t, void*, void*);
 PADDLE_EXT_INSTANTIATE(int32_t)
 PADDLE_EXT_INSTANTIATE(int64_t)

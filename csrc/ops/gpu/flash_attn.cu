@@ -56,20 +56,6 @@ void check_launch() { PADDLE_EXT_GPU_CHECK(gpu::get_last_error()); }
 __device__ inline int64_t imin(int64_t a, int64_t b) { return a < b ? a : b; }
 __device__ inline int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
 
-__device__ inline float load(FloatKind kind, const void* base, int64_t i) {
-  if (kind == FloatKind::kFloat32) return static_cast<const float*>(base)[i];
-  const uint16_t h = static_cast<const uint16_t*>(base)[i];
-  return kind == FloatKind::kFloat16 ? fp16_to_float(h) : bf16_to_float(h);
-}
-
-__device__ inline void store(FloatKind kind, void* base, int64_t i, float v) {
-  if (kind == FloatKind::kFloat32) {
-    static_cast<float*>(base)[i] = v;
-  } else {
-    static_cast<uint16_t*>(base)[i] = kind == FloatKind::kFloat16 ? float_to_fp16(v) : float_to_bf16(v);
-  }
-}
-
 __device__ inline float group_sum(float v) {
   for (int m = kLanes / 2; m > 0; m >>= 1) v += PE_FA_SHFL_XOR(v, m);
   return v;
@@ -84,37 +70,37 @@ __device__ inline float group_max(float v) {
 template <int DV>
 struct LaneRow {
   float x[DV];
-  __device__ void load_row(FloatKind kind, const void* base, int64_t off, int64_t D, int lane, float f) {
+  __device__ void load_row(DType kind, const void* base, int64_t off, int64_t D, int lane, float f) {
 #pragma unroll
     for (int t = 0; t < DV; ++t) {
       const int64_t d = lane + kLanes * t;
-      x[t] = d < D ? load(kind, base, off + d) * f : 0.f;
+      x[t] = d < D ? load_float<false>(kind, base, off + d) * f : 0.f;
     }
   }
-  __device__ void store_row(FloatKind kind, void* base, int64_t off, int64_t D, int lane, float f) const {
+  __device__ void store_row(DType kind, void* base, int64_t off, int64_t D, int lane, float f) const {
 #pragma unroll
     for (int t = 0; t < DV; ++t) {
       const int64_t d = lane + kLanes * t;
-      if (d < D) store(kind, base, off + d, x[t] * f);
+      if (d < D) store_float<false>(kind, base, off + d, x[t] * f);
     }
   }
   // The dot product of this (distributed) row with the row each lane reads at
   // base + off_lane: every lane gets its own row's result.
-  __device__ float dot_with_own(FloatKind kind, const void* base, int64_t off_lane, bool valid, int64_t D) const {
+  __device__ float dot_with_own(DType kind, const void* base, int64_t off_lane, bool valid, int64_t D) const {
     float acc = 0.f;
 #pragma unroll
     for (int t = 0; t < DV; ++t) {
       for (int l = 0; l < kLanes; ++l) {
         const int64_t d = kLanes * t + l;
         const float xd = PE_FA_SHFL(x[t], l);
-        if (valid && d < D) acc += xd * load(kind, base, off_lane + d);
+        if (valid && d < D) acc += xd * load_float<false>(kind, base, off_lane + d);
       }
     }
     return acc;
   }
   // this += sum over jj < n of w(jj) * row jj, where lane jj holds w(jj) in
   // w_lane and row jj starts at base + off0 + jj * rs.
-  __device__ void add_weighted_rows(FloatKind kind, const void* base, int64_t off0, int64_t rs, int64_t n, float w_lane,
+  __device__ void add_weighted_rows(DType kind, const void* base, int64_t off0, int64_t rs, int64_t n, float w_lane,
                                     int64_t D, int lane) {
     for (int64_t jj = 0; jj < n; ++jj) {
       const float w = PE_FA_SHFL(w_lane, static_cast<int>(jj));
@@ -122,7 +108,7 @@ struct LaneRow {
 #pragma unroll
       for (int t = 0; t < DV; ++t) {
         const int64_t d = lane + kLanes * t;
-        if (d < D) x[t] += w * load(kind, base, off + d);
+        if (d < D) x[t] += w * load_float<false>(kind, base, off + d);
       }
     }
   }
@@ -194,7 +180,7 @@ __global__ void softmax_kernel(Problem p, const void* q, const void* k, const fl
     if (j < s.lk) {
       float pj = ok ? exp2f(score - lse2) : 0.f;
       if (p.dropout > 0.f && dropout_scale(p, sub, i, j) == 0.f) pj = -pj;
-      store(p.kind, softmax, row + j, pj);
+      store_float<false>(p.kind, softmax, row + j, pj);
     }
   }
 }
@@ -319,7 +305,7 @@ void forward_gpu(const Problem& p, const void* q, const void* k, const void* v, 
 void softmax_gpu(const Problem& p, const void* q, const void* k, const float* lse, void* softmax, void* stream) {
   if (empty(p)) return;
   const size_t bytes = static_cast<size_t>(p.batch * p.heads_q * p.seqlen_q * p.seqlen_k) *
-                       (p.kind == FloatKind::kFloat32 ? 4 : 2);
+                       dtype_bytes(p.kind);
   PADDLE_EXT_GPU_CHECK(gpu::memset_async(softmax, 0, bytes, as_stream(stream)));
   const dim3 grid = grid_for(p.seqlen_q, p.heads_q, p.batch);
   PE_FA_WITH_DV(p.head_dim, (softmax_kernel<DV><<<grid, kThreads, 0, as_stream(stream)>>>(p, q, k, lse, softmax)))
@@ -337,7 +323,7 @@ int64_t backward_gpu_workspace_bytes(const Problem& p) {
 void backward_gpu(const Problem& p, const void* q, const void* k, const void* v, const void* out,
                   const void* dout, const float* lse, void* dq, void* dk, void* dv, void* workspace,
                   void* stream) {
-  const int64_t esize = p.kind == FloatKind::kFloat32 ? 4 : 2;
+  const int64_t esize = dtype_bytes(p.kind);
   if (p.total_k > 0) {  // keys no query sees (and every key when there is no query) get zero grads
     const size_t bytes = static_cast<size_t>(p.total_k * p.heads_k * p.head_dim * esize);
     PADDLE_EXT_GPU_CHECK(gpu::memset_async(dk, 0, bytes, as_stream(stream)));

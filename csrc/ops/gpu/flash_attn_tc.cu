@@ -72,7 +72,7 @@ struct Launcher {
 }  // namespace
 
 bool takes(const Problem& p, std::initializer_list<const void*> tensors) {
-  if (p.kind == FloatKind::kFloat32 || p.startend != nullptr || forced_simple()) return false;
+  if (p.kind == DType::kFloat32 || p.startend != nullptr || forced_simple()) return false;
   const int need = smem_bytes_needed(p.head_dim);
   if (need == 0) return false;
   for (const void* t : tensors)
@@ -89,7 +89,7 @@ void forward(const Problem& p, const void* q, const void* k, const void* v, void
 }
 
 int64_t backward_workspace_bytes(const Problem& p) {
-  if (p.kind == FloatKind::kFloat32 || smem_bytes_needed(p.head_dim) == 0) return 0;
+  if (p.kind == DType::kFloat32 || smem_bytes_needed(p.head_dim) == 0) return 0;
   return backward_workspace_floats(p, DqMode::kAtomic) * static_cast<int64_t>(sizeof(float));
 }
 

@@ -717,7 +717,7 @@ void run_forward(const Problem& p, const void* q, const void* k, const void* v, 
   auto* oh = static_cast<uint16_t*>(out);
   with_head_dim(p.head_dim, [&](auto dim) {
     constexpr int D = decltype(dim)::value;
-    if (p.kind == FloatKind::kBFloat16) {
+    if (p.kind == DType::kBFloat16) {
       launch(forward_kernel<D, true>, grid, kForwardSmemBytes<D>, p, qh, kh, vh, oh, lse);
     } else {
       launch(forward_kernel<D, false>, grid, kForwardSmemBytes<D>, p, qh, kh, vh, oh, lse);
@@ -752,7 +752,7 @@ void run_backward(const Problem& p, const void* q, const void* k, const void* v,
   const Grid keys{blocks_of(p.seqlen_k, kBlockRows), p.heads_k, p.batch};
   with_head_dim(p.head_dim, [&](auto dim) {
     constexpr int D = decltype(dim)::value;
-    const bool bf16 = p.kind == FloatKind::kBFloat16;
+    const bool bf16 = p.kind == DType::kBFloat16;
     if (rows.x > 0) {
       bf16 ? launch(rowdot_kernel<D, true>, rows, 0, p, oh, doh, di)
            : launch(rowdot_kernel<D, false>, rows, 0, p, oh, doh, di);

@@ -22,7 +22,6 @@
 #include <string>
 
 #include "common/gpu_runtime.h"
-#include "common/half.h"
 #include "rotary.h"
 
 namespace paddle_ext::rotary {
@@ -39,41 +38,6 @@ Stream as_stream(void* stream) { return static_cast<Stream>(stream); }
 
 void check_launch() { PADDLE_EXT_GPU_CHECK(gpu::get_last_error()); }
 
-template <DType kType>
-struct Traits;
-
-template <>
-struct Traits<DType::kFloat32> {
-  using Storage = float;
-  using Compute = double;
-  __device__ static Compute load(Storage v) { return v; }
-  __device__ static Storage store(Compute v) { return static_cast<float>(v); }
-};
-
-template <>
-struct Traits<DType::kFloat64> {
-  using Storage = double;
-  using Compute = double;
-  __device__ static Compute load(Storage v) { return v; }
-  __device__ static Storage store(Compute v) { return v; }
-};
-
-template <>
-struct Traits<DType::kFloat16> {
-  using Storage = uint16_t;
-  using Compute = float;
-  __device__ static Compute load(Storage v) { return fp16_to_float(v); }
-  __device__ static Storage store(Compute v) { return float_to_fp16(v); }
-};
-
-template <>
-struct Traits<DType::kBFloat16> {
-  using Storage = uint16_t;
-  using Compute = float;
-  __device__ static Compute load(Storage v) { return bf16_to_float(v); }
-  __device__ static Storage store(Compute v) { return float_to_bf16(v); }
-};
-
 __device__ __forceinline__ int64_t partner(int64_t i, int64_t d, bool adjacent) {
   return adjacent ? (i ^ 1) : (i < d / 2 ? i + d / 2 : i - d / 2);
 }
@@ -83,10 +47,10 @@ __device__ __forceinline__ int sigma(int64_t i, int64_t d, bool adjacent) {
   return (adjacent ? (i & 1) == 0 : i < d / 2) ? -1 : 1;
 }
 
-template <class Tr, bool kAdjacent>
+template <class Io, bool kAdjacent>
 __global__ void __launch_bounds__(kThreads) rotary_kernel(Problem p, bool backward) {
-  using C = typename Tr::Compute;
-  using S = typename Tr::Storage;
+  using C = Compute<Io::kDType>;
+  using S = typename Io::Storage;
   extern __shared__ double shared[];  // double-aligned, holds 3 * head_dim of C
   const int64_t d = p.head_dim;
   const int64_t half = d / 2;
@@ -103,8 +67,8 @@ __global__ void __launch_bounds__(kThreads) rotary_kernel(Problem p, bool backwa
     const int64_t pos = p.position_ids != nullptr ? p.position_ids[b * p.seq + q] : q;
     for (int64_t i = threadIdx.x; i < d; i += blockDim.x) {
       if (p.sin != nullptr) {
-        c[i] = Tr::load(static_cast<const S*>(p.cos)[pos * d + i]);
-        s[i] = Tr::load(static_cast<const S*>(p.sin)[pos * d + i]);
+        c[i] = Io::load(static_cast<const S*>(p.cos)[pos * d + i]);
+        s[i] = Io::load(static_cast<const S*>(p.sin)[pos * d + i]);
       } else {
         const double inv_freq = 1.0 / pow(p.base, static_cast<double>(2 * (i / 2)) / static_cast<double>(d));
         double sn, cs;
@@ -128,19 +92,19 @@ __global__ void __launch_bounds__(kThreads) rotary_kernel(Problem p, bool backwa
       const int64_t i1 = i0 + (kAdjacent ? 1 : half);
       const int64_t k0 = i0 - h * d;
       const int64_t k1 = i1 - h * d;
-      const C x0 = Tr::load(x[i0]);
-      const C x1 = Tr::load(x[i1]);
-      y[i0] = Tr::store(x0 * c[k0] + x1 * ss[k0]);
-      y[i1] = Tr::store(x1 * c[k1] + x0 * ss[k1]);
+      const C x0 = Io::load(x[i0]);
+      const C x1 = Io::load(x[i1]);
+      y[i0] = Io::store(static_cast<typename Io::Value>(x0 * c[k0] + x1 * ss[k0]));
+      y[i1] = Io::store(static_cast<typename Io::Value>(x1 * c[k1] + x0 * ss[k1]));
     }
     __syncthreads();  // the next token rewrites the rows
   }
 }
 
-template <class Tr>
+template <class Io>
 void launch(const Problem& p, bool backward, Stream stream) {
   const int64_t tokens = p.batch * p.seq;
-  const size_t shared_bytes = 3 * static_cast<size_t>(p.head_dim) * sizeof(typename Tr::Compute);
+  const size_t shared_bytes = 3 * static_cast<size_t>(p.head_dim) * sizeof(Compute<Io::kDType>);
   if (shared_bytes > kMaxSharedBytes) {
     throw std::invalid_argument("paddle_ext.rotary (GPU): head_dim " + std::to_string(p.head_dim) +
                                 " needs " + std::to_string(shared_bytes) + " bytes of shared memory, more than " +
@@ -148,9 +112,9 @@ void launch(const Problem& p, bool backward, Stream stream) {
   }
   const int64_t blocks = std::min(tokens, kMaxBlocks);
   if (p.adjacent_pairs) {
-    rotary_kernel<Tr, true><<<blocks, kThreads, shared_bytes, stream>>>(p, backward);
+    rotary_kernel<Io, true><<<blocks, kThreads, shared_bytes, stream>>>(p, backward);
   } else {
-    rotary_kernel<Tr, false><<<blocks, kThreads, shared_bytes, stream>>>(p, backward);
+    rotary_kernel<Io, false><<<blocks, kThreads, shared_bytes, stream>>>(p, backward);
   }
   check_launch();
 }
@@ -158,20 +122,7 @@ void launch(const Problem& p, bool backward, Stream stream) {
 void run(const Problem& p, bool backward, void* stream) {
   if (p.batch * p.seq <= 0 || p.heads <= 0 || p.head_dim <= 0) return;
   const Stream s = as_stream(stream);
-  switch (p.dtype) {
-    case DType::kFloat32:
-      launch<Traits<DType::kFloat32>>(p, backward, s);
-      break;
-    case DType::kFloat64:
-      launch<Traits<DType::kFloat64>>(p, backward, s);
-      break;
-    case DType::kFloat16:
-      launch<Traits<DType::kFloat16>>(p, backward, s);
-      break;
-    case DType::kBFloat16:
-      launch<Traits<DType::kBFloat16>>(p, backward, s);
-      break;
-  }
+  with_dtype(p.dtype, [&](auto io) { launch<decltype(io)>(p, backward, s); });
 }
 
 // ------------------------------------------------------------ position check
