@@ -213,6 +213,19 @@ inline bool block_needs_mask(const Ctx& ctx, const Sequence& s, int64_t i0, int6
 
 inline int64_t panel_width(int64_t n) { return (n + kPanel - 1) / kPanel * kPanel; }
 
+// For each row tile (kMR rows) of the block [i0, i0 + rows) x [k0, k0 + bk):
+// the keys its last row sees (all bk when the block is not masked) into keys,
+// their panel width into widths. Returns the number of tiles.
+inline int64_t tile_keys(const Ctx& ctx, const Sequence& s, int64_t i0, int64_t rows, int64_t k0, int64_t bk,
+                         bool masked, int64_t* keys, int64_t* widths) {
+  const int64_t tiles = (rows + kMR - 1) / kMR;
+  for (int64_t t = 0; t < tiles; ++t) {
+    keys[t] = masked ? visible_cols(ctx, s, i0 + std::min<int64_t>(rows, (t + 1) * kMR) - 1, k0, bk) : bk;
+    widths[t] = panel_width(keys[t]);
+  }
+  return tiles;
+}
+
 // Packs rows x D of src (row stride src_rs, optionally scaled) as panels of
 // 16 columns: dst[(n / 16) * kBlockQ * 16 + r * 16 + n % 16], zero-padded.
 inline void pack_block_rows(const float* src, int64_t src_rs, int64_t rows, int64_t D, float f, float* dst) {
@@ -301,11 +314,7 @@ inline void forward_block(const Ctx& ctx, int64_t b, int64_t h, int64_t i0, cons
     // masked triangle of a diagonal block is neither scored nor exponentiated.
     const bool masked = fm || block_needs_mask(ctx, s, i0, k0, bk);
     int64_t keys[kBlockQ / kMR], wt[kBlockQ / kMR];
-    const int64_t tiles = (rows + kMR - 1) / kMR;
-    for (int64_t t = 0; t < tiles; ++t) {
-      keys[t] = masked ? visible_cols(ctx, s, i0 + std::min<int64_t>(rows, (t + 1) * kMR) - 1, k0, bk) : bk;
-      wt[t] = panel_width(keys[t]);
-    }
+    const int64_t tiles = tile_keys(ctx, s, i0, rows, k0, bk, masked, keys, wt);
     gemm_tiles(rows, panel_width(bk), D, wt, nullptr, qs, D, 1, kt + k0 * D, kPanel, kPanel * D, S, kBlockK, kStore);
     for (int64_t t = 0; t < tiles; ++t) {
       const int64_t r0 = t * kMR, nr = std::min<int64_t>(kMR, rows - r0), w = wt[t];
@@ -480,11 +489,7 @@ inline void backward_unit(const Ctx& ctx, int64_t b, int64_t kvh, int64_t chunk,
         // up to that far past the last column it sees.
         const bool masked = fm || block_needs_mask(ctx, s, i0, k0, bk);
         int64_t keys[kBlockQ / kMR], wc[kBlockQ / kMR];
-        const int64_t tiles = (rows + kMR - 1) / kMR;
-        for (int64_t t = 0; t < tiles; ++t) {
-          keys[t] = masked ? visible_cols(ctx, s, i0 + std::min<int64_t>(rows, (t + 1) * kMR) - 1, k0, bk) : bk;
-          wc[t] = panel_width(keys[t]);
-        }
+        const int64_t tiles = tile_keys(ctx, s, i0, rows, k0, bk, masked, keys, wc);
         gemm_tiles(rows, width, D, wc, nullptr, qs, D, 1, kt + k0 * D, kPanel, kPanel * D, S, kBlockK, kStore);
         gemm_tiles(rows, width, D, wc, nullptr, dos, D, 1, vt + k0 * D, kPanel, kPanel * D, dP, kBlockK, kStore);
         for (int64_t t = 0; t < tiles; ++t) {
