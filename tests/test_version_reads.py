@@ -171,10 +171,10 @@ def test_compat_compares_versions_only_through_paddle_before():
     assert offenders == []
 
 
-def test_transitional_names_are_still_called_through_compat():
-    """compat.TRANSITIONAL (names that are no version difference, reachable as compat.<name>
-    only until their callers use their homes) holds no name nobody calls that way any more,
-    and each resolves to its home's function."""
+def test_every_compat_name_called_outside_compat_is_one_it_exports():
+    """What moved out of compat (no version difference: paddle_ext.upstream, devices, ...)
+    is called at its home: every `compat.<name>` written outside the package is a name of
+    compat.__all__, and compat answers no other name."""
     import re
 
     from paddle_ext import compat
@@ -189,9 +189,7 @@ def test_transitional_names_are_still_called_through_compat():
                 if name.endswith(".py"):
                     with open(os.path.join(folder, name), encoding="utf-8") as f:
                         called |= set(re.findall(r"\bcompat\.([A-Za-z_]\w*)", f.read()))
-    assert sorted(set(compat.TRANSITIONAL) - called) == []
-    for name, home in compat.TRANSITIONAL.items():
-        assert getattr(compat, name) is getattr(__import__(home, fromlist=[name]), name)
+    assert sorted(called - set(compat.__all__) - {"no_such_name", "__all__"}) == []
     with pytest.raises(AttributeError, match="no attribute 'no_such_name'"):
         compat.no_such_name  # noqa: B018
 

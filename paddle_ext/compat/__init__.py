@@ -25,9 +25,6 @@ streams), paddle_ext.ops._modes (eager / PIR / legacy static op calls),
 paddle_ext.paddle_files (files of the installed package), and the modules that use them.
 """
 
-import importlib
-from typing import Any
-
 from paddle_ext.compat.distributed import (
     c_concat_owners,
     c_identity_owners,
@@ -79,21 +76,3 @@ __all__ = [
     "empty_embedding_lookup", "fused_rms_norm_op_name", "run_custom_op", "tensor_sharing_host_memory",
     "tensors_share_host_memory", "paddle_links_system_zlib",
 ]
-
-# --- transitional: NOT version differences. pipeline/engine.py and pipeline/v_layer.py (rewritten
-# by other work at the time of the split) still write compat.<name> for these; each is looked up
-# at its home when asked for (no import of the homes here, so no import circle). Remove a name
-# once those callers use its home.
-TRANSITIONAL = {
-    "global_rank": "paddle_ext.upstream",
-    "pipeline_layer_class": "paddle_ext.upstream",
-    "pipeline_model_chunks": "paddle_ext.pipeline.layer_internals",
-}
-
-
-def __getattr__(name: str) -> Any:
-    """compat.<name> for a TRANSITIONAL name: the function at its home."""
-    home = TRANSITIONAL.get(name)
-    if home is None:
-        raise AttributeError(f"module 'paddle_ext.compat' has no attribute {name!r}")
-    return getattr(importlib.import_module(home), name)

@@ -34,8 +34,9 @@ from typing import Any, Callable, Optional
 
 import paddle
 
-from paddle_ext import compat
+from paddle_ext import compat, upstream
 from paddle_ext.comm import eager, trace
+from paddle_ext.pipeline import layer_internals
 from paddle_ext.pipeline.fleet_surface import (
     PipelineParallelSurface,
     adopt_fleet_class,
@@ -131,7 +132,7 @@ def mark_shared_weights_once(layers: Any) -> None:
     stages `is_firstly_shared` on its first stage only, the attribute by which fleet's
     HybridParallelClipGrad (and save_for_auto) take a tied weight once. Paddle's own marking
     compares parameter names with weight attribute names and so marks no copy as a repeat."""
-    rank = compat.global_rank()
+    rank = upstream.global_rank()
     for weight, ranks in compat.pipeline_shared_weights(layers):
         weight.is_firstly_shared = rank == min(ranks)
 
@@ -178,7 +179,7 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
 
     def __init__(self, layers: Any, hcg: Any, settings: PipelineSettings, strategy: Any = None) -> None:
         super().__init__()
-        if not isinstance(layers, compat.pipeline_layer_class()):
+        if not isinstance(layers, upstream.pipeline_layer_class()):
             raise TypeError(f"pipeline parallelism needs a PipelineLayer model, got {type(layers).__name__}")
         self._layers = layers
         self._hcg = hcg
@@ -326,7 +327,7 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         self.last_step = self._run(batches, losses, scaler, losses)
         if self.settings.profiling:
             write_profile_records(profile_records(self.last_step.spans, self.stage_id, self.vpp > 1),
-                                  compat.global_rank())
+                                  upstream.global_rank())
         if self.placement != "v":  # as DualPipeVParallel, which runs no user hooks
             self._check_user_hooks_status_at_step_end()
         shared_start = time.time()
@@ -376,7 +377,7 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         if not any(isinstance(a, (I, W)) for a in actions):
             return None
         if self._split is None:
-            self._split = WeightGradStore().bind(compat.pipeline_model_chunks(self._layers))
+            self._split = WeightGradStore().bind(layer_internals.pipeline_model_chunks(self._layers))
         self._split.begin_step()
         return self._split
 

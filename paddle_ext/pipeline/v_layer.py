@@ -25,7 +25,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Optional, Sequence
 
-from paddle_ext import compat
+from paddle_ext import compat, upstream
 
 
 def v_stage_of(stage: int, pp: int) -> int:
@@ -46,9 +46,9 @@ def local_shared_layer_desc_class() -> type:
     """Paddle's LocalSharedLayerDesc (3.3+), else the plugin's class of the same
     signature: (key, layer_func, forward_func=None, shared_weight_attr="weight", *inputs,
     **kwargs)."""
-    upstream = compat.upstream_local_shared_layer_desc_class()
-    if upstream is not None:
-        return upstream
+    paddles = compat.upstream_local_shared_layer_desc_class()
+    if paddles is not None:
+        return paddles
     layer_desc, _ = _layer_desc_classes()
 
     class LocalSharedLayerDesc(layer_desc):
@@ -226,7 +226,7 @@ class _VSegmentation:
 @functools.cache
 def v_pipeline_layer_class() -> type:
     """The plugin's V-segmented PipelineLayer class (a subclass of this Paddle's)."""
-    return type("VPipelineLayer", (_VSegmentation, compat.pipeline_layer_class()),
+    return type("VPipelineLayer", (_VSegmentation, upstream.pipeline_layer_class()),
                 {"__module__": __name__, "__doc__": _VSegmentation.__doc__})
 
 
@@ -251,7 +251,7 @@ def v_segmented(cls: type) -> type:
     config.virtual_pipeline_model_parallel_size = 2) segmented for the V instead: a
     subclass whose PipelineLayer construction takes VPipelineLayer's segmentation and
     stage map, whatever `cls.__init__` does before and after it."""
-    base = compat.pipeline_layer_class()
+    base = upstream.pipeline_layer_class()
     if not (isinstance(cls, type) and issubclass(cls, base)):
         raise TypeError(f"v_segmented: cls = {cls!r} is not a PipelineLayer subclass")
     if issubclass(cls, v_pipeline_layer_class()):  # V-segmented already
@@ -277,5 +277,5 @@ def v_pipeline_layer(layers: Sequence[Any], topology: Any = None, loss_fn: Any =
         if not compat.pipeline_layer_supports_v():
             raise ValueError("native = True: this Paddle's PipelineLayer has no use_dualpipev (Paddle 3.3+); "
                              "leave native unset for the plugin's V layer")
-        return compat.pipeline_layer_class()(use_dualpipev=True, **kwargs)
+        return upstream.pipeline_layer_class()(use_dualpipev=True, **kwargs)
     return v_pipeline_layer_class()(**kwargs)
