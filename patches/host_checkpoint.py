@@ -37,6 +37,10 @@ def _unavailable() -> str | None:
     build = devices.device_build()
     if build != "cpu":
         return f"a {build} build: Paddle stages the checkpoint's tensors on its device"
+    try:
+        owner()
+    except ImportError:
+        return "this Paddle has no FlexCheckpoint (paddle.distributed.flex_checkpoint: 3.2 and later)"
     return None
 
 
@@ -46,6 +50,5 @@ UNIT = PatchUnit(
     title="Upgrade some macros and optimize load_state_dict communication",
     summary="paddle.distributed.load_state_dict (FlexCheckpoint) reshards over gloo on CPU builds",
     apply=_apply,
-    requires=_unavailable,
-    requires_modules=(MODULE,),  # FlexCheckpoint: 3.2 and later
+    requires=_unavailable,  # the doctor names the release FlexCheckpoint came with (3.2)
 )
