@@ -29,7 +29,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import paddle
@@ -171,6 +171,9 @@ class StepStats:
     microbatches: int
     spans: list  # (position, action, start, end), wall clock; see pipeline.timeline
     split: Any = None  # zero-bubble schedules: the step's SplitStats (runtime/split_backward.py)
+    # seconds of the step's parts outside the schedule, by name: shared_weights (the tied-weight
+    # all-reduce), grad_sync (waiting for the dp/sharding buckets), loss_broadcast, optimizer
+    phases: dict = field(default_factory=dict)
 
 
 class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
@@ -283,7 +286,9 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         self.loss_fn_idx = loss_fn_idx
         self._layers.train()
         loss = self._forward_backward(data, optimizer, scaler, return_micro_batch_loss, scale_accumulation=True)
+        start = time.time()
         self._optimizer_step(optimizer, lr_scheduler, scaler)
+        self.last_step.phases["optimizer"] = time.time() - start
         return loss
 
     def _new_step_shapes(self) -> None:
@@ -330,17 +335,18 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
                                   upstream.global_rank())
         if self.placement != "v":  # as DualPipeVParallel, which runs no user hooks
             self._check_user_hooks_status_at_step_end()
-        shared_start = time.time()
+        phases, start = self.last_step.phases, time.time()
         self._layers.allreduce_shared_weight_gradients()
-        shared_end = time.time()
+        phases["shared_weights"], start = time.time() - start, time.time()
         if self._grad_sync is not None:  # the late buckets, then wait for every bucket
             self._grad_sync.finish()
-        loss_start = time.time()
+        phases["grad_sync"], start = time.time() - start, time.time()
         loss = self._broadcast_loss(losses, per_microbatch)
+        phases["loss_broadcast"] = time.time() - start
         if self._timers is not None:  # Paddle's timer_printer, at the same point of the step
             self._timers.add_spans(self.last_step.spans)
-            self._timers.add("allreduce_shared_weight_gradients", shared_end - shared_start)
-            self._timers.add("broadcast_final_loss", time.time() - loss_start)
+            self._timers.add("allreduce_shared_weight_gradients", phases["shared_weights"])
+            self._timers.add("broadcast_final_loss", phases["loss_broadcast"])
             print(self._timers.line(), flush=True)
         return loss
 
