@@ -26,9 +26,11 @@ mixes them with V kinds), so every kind of one run trains the same model:
 pp * max(vpp, 2) blocks when a V kind is in the run, else pp * vpp.
 
 --p2p picks where the transfers run, each path its own launch in the same ABBA order:
-`default` (no pp_configs key: the engine's choice, communication threads on gloo),
+`default` (no pp_configs key: the engine's choice, TCP streams on gloo),
 `blocking` (overlap_p2p_comm False: send/recv on the compute thread, the old default),
-`threads` (overlap_p2p_comm True). Each row then also prints, per rank and step, the
+`streams` (overlap_p2p_comm True: TCP streams driven by the compute thread), `threads`
+(overlap_p2p_comm True with PADDLE_EXT_PP_TRANSFERS=threads: communication threads over
+one-way gloo groups, the path before issue 41). Each row then also prints, per rank and step, the
 compute thread's time outside compute (transfers, waits in blocking ones or for a
 receive still in flight, bubble) beside the simulator's compute-only bubble for the
 measured costs, and the median F / B (I / W) per chunk and micro-batch.
@@ -66,7 +68,8 @@ MODES = {"": "", "1f1b": "1F1B", "interleaved": "VPP", "zb-h1": "ZBH1", "interle
          "dualpipev": ""}
 V_KINDS = ("zb-v", "dualpipev")
 ONE_CHUNK = ("1f1b", "zb-h1")
-P2P_PATHS = {"default": None, "blocking": False, "threads": True}  # -> pp_configs.overlap_p2p_comm
+P2P_PATHS = {"default": None, "blocking": False, "streams": True, "threads": True}  # -> overlap_p2p_comm
+P2P_WAYS = {"streams": "streams", "threads": "threads"}  # -> PADDLE_EXT_PP_TRANSFERS (transfer_paths.py)
 
 
 def parse_args(argv=None):
@@ -80,7 +83,7 @@ def parse_args(argv=None):
     p.add_argument("--blocks", type=int, default=0, help="transformer blocks (default: see the module docstring)")
     p.add_argument("--p2p", default="default",
                    help="comma-separated p2p paths, each its own launch: default (no pp_configs key), "
-                        "blocking (overlap_p2p_comm False: send/recv on the compute thread), threads "
+                        "blocking (overlap_p2p_comm False: send/recv on the compute thread), streams, threads "
                         "(overlap_p2p_comm True)")
     p.add_argument("--micro-batch-sizes", default="",
                    help="comma-separated micro-batch sizes to run one after another in this run "
@@ -137,6 +140,8 @@ def rank(a) -> None:
     configs = {"use_dualpipev": True} if a.kind == "dualpipev" else {"schedule_mode": MODES[a.kind]} if a.kind else {}
     if P2P_PATHS[a.p2p] is not None:
         configs["overlap_p2p_comm"] = P2P_PATHS[a.p2p]
+    if a.p2p in P2P_WAYS:
+        os.environ["PADDLE_EXT_PP_TRANSFERS"] = P2P_WAYS[a.p2p]
     init_pipeline(a, PP, pp_configs=configs or None)
     layers = (v_pipeline_model(*model_args(a), pp=PP) if a.kind in V_KINDS
               else pipeline_model(*model_args(a), pp=PP, vpp=a.vpp))
@@ -194,7 +199,7 @@ def rank(a) -> None:
                    "cores_saturated": statistics.median(p[12] for p in predictions),
                    "per_stage": {k: [statistics.median(p[13][k][i] for p in predictions)
                                      for i in range(len(v))] for k, v in predictions[0][13].items()},
-                   "kind": schedule.kind + (" threads" if threaded else " blocking")}, f)
+                   "kind": f"{schedule.kind} {model._transfers.name}"}, f)
 
 
 def launch(a) -> None:

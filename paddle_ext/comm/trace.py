@@ -78,7 +78,8 @@ class CommRecord:
         device = ", enqueued, not finished on the device" if self.on_device else ""
         limit = "" if self.limit is None else \
             f", long_wait {'without limit' if self.limit == float('inf') else f'{self.limit:g} s'}"
-        return f"{self.op} #{self.seq}{peer}{data} ({self.what}{device}{limit})"
+        number = f" #{self.seq}" if self.seq >= 0 else ""
+        return f"{self.op}{number}{peer}{data} ({self.what}{device}{limit})"
 
     def __repr__(self) -> str:
         return f"CommRecord(group {self.group}, {self.describe()}, {'done' if self.done else 'in flight'})"
@@ -148,6 +149,15 @@ class CommTracer:
             self.counts[group] = seq + 1
         rec = CommRecord(seq, group, op, shapes, dtype, peer, what, self.clock(),
                          threading.current_thread().name)
+        rec.limit = self.wait_limit
+        self.records.append(rec)
+        self.in_flight[id(rec)] = rec
+        return rec
+
+    def waiting(self, group: int, op: str, what: str, peer: Optional[int] = None) -> CommRecord:
+        """An un-numbered operation in flight until `end` (seq -1): a wait outside Paddle's
+        groups (the pipeline's streams), which the watchdog reports if it never ends."""
+        rec = CommRecord(-1, group, op, (), "", peer, what, self.clock(), threading.current_thread().name)
         rec.limit = self.wait_limit
         self.records.append(rec)
         self.in_flight[id(rec)] = rec

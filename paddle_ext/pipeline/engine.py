@@ -35,7 +35,7 @@ from typing import Any, Callable, Optional
 import paddle
 
 from paddle_ext import compat, upstream
-from paddle_ext.comm import eager, trace
+from paddle_ext.comm import trace
 from paddle_ext.pipeline import layer_internals
 from paddle_ext.pipeline.fleet_surface import (
     PipelineParallelSurface,
@@ -46,13 +46,11 @@ from paddle_ext.pipeline.grad_sync import GradReducer, GradSyncSettings
 from paddle_ext.pipeline.losses import StageLosses, check_loss_fn_idx
 from paddle_ext.pipeline.microbatch import MicroBatches
 from paddle_ext.pipeline.runtime.chunks import PlainChunks
-from paddle_ext.pipeline.runtime.groups import link_groups, neighbour_groups
 from paddle_ext.pipeline.runtime.interpreter import Interpreter, StageProgram, no_grad_sync
-from paddle_ext.pipeline.runtime.links import links_for
 from paddle_ext.pipeline.runtime.node_mode import NodeChunks
 from paddle_ext.pipeline.runtime.slots import StageLayout
 from paddle_ext.pipeline.runtime.split_backward import WeightGradStore
-from paddle_ext.pipeline.runtime.transport import P2P, default_overlap_p2p
+from paddle_ext.pipeline.runtime.transfer_paths import transfer_path
 from paddle_ext.pipeline.schedule import OVERLAP_SUFFIX, Schedule, generate, lower
 from paddle_ext.pipeline.schedule.generate import ZB_KINDS, split_cap
 from paddle_ext.pipeline.schedule.ir import I, W
@@ -198,20 +196,9 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         self.accumulate_steps = settings.accumulate_steps
         self.micro_batch_size = settings.micro_batch_size
         self._check_accumulate_steps(self.accumulate_steps)
-        neighbours = neighbour_groups(hcg)
-        if settings.overlap_p2p is None:  # unset: the backend's default (runtime/transport.py)
-            threads = default_overlap_p2p(neighbours, self.placement)
-            settings = self.settings = dataclasses.replace(settings, overlap_p2p=threads)
-        self._p2p = P2P(neighbours)
-        self._links: Optional[tuple[P2P, P2P]] = None
-        links: list = []
-        if settings.overlap_p2p:  # one-way groups for the communication threads
-            to, frm = link_groups(hcg)
-            self._links = (P2P(to), P2P(frm))
-            links = [*to.values(), *frm.values()]
-        # FLAGS_eager_communication_connection (#57517): the links' communicators now,
-        # not in the first train_batch.
-        eager.connect_if_enabled([*neighbours.values(), *links], p2p=True)
+        # the way to the neighbours (runtime/transfer_paths.py); overlap_p2p_comm unset: the backend's default
+        self._transfers = transfer_path(hcg, settings.overlap_p2p, self.placement)
+        settings = self.settings = dataclasses.replace(settings, overlap_p2p=self._transfers.overlapped)
         self._schedules: dict[int, Schedule] = {}
         self._timers = StepTimers() if settings.enable_timer else None
         check_schedule_kind(settings, self.vpp, self.placement)
@@ -296,8 +283,7 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         channel forget its header at the step's start); otherwise the first step's
         headers hold for the run and a changed shape is refused (transport.P2P)."""
         if self.settings.dynamic_shape:
-            for p2p in (self._p2p, *(self._links or ())):
-                p2p.forget_shapes()
+            self._transfers.forget_shapes()
 
     def _check_accumulate_steps(self, m: int) -> None:
         """The V schedules take any count from V_MIN_MICROBATCHES, one virtual stage any
@@ -372,7 +358,7 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
             on_grad_sync=reducer.on_grad_sync if reducer is not None else no_grad_sync,
             split=split, micro_steps=self._micro_steps if self.placement != "v" else None)
         start = time.perf_counter()
-        interpreter = Interpreter(program, actions, links_for(self._p2p, self._links, "eval" if forward_only else "act"))
+        interpreter = Interpreter(program, actions, self._transfers.links("eval" if forward_only else "act"))
         interpreter.run()
         split_stats = split.end_step() if split is not None else None
         return StepStats(time.perf_counter() - start, interpreter.peak_in_flight, m, interpreter.spans, split_stats)

@@ -1,9 +1,11 @@
-"""Each of the interpreter's modes alone, in one process: the links (blocking, threaded)
-and the chunk runners (plain, schedule nodes, nodes with the overlapped F&B pair).
+"""Each of the interpreter's modes alone, in one process: the links (blocking, eager on
+threads, eager on TCP streams) and the chunk runners (plain, schedule nodes, nodes with
+the overlapped F&B pair).
 
-Two pipeline ranks run as two threads over a loopback transport (P2P with its raw send
-and receive on in-process queues; everything above them, headers included, is the real
-transport), each rank's interpreter over the real lowered schedule. Losses and every
+Two pipeline ranks run as two threads, each rank's interpreter over the real lowered
+schedule: blocking and threads over a loopback transport (P2P with its raw send and
+receive on in-process queues; everything above them, headers included, is the real
+transport), streams over a real connected socket pair (stream_exchange.py whole). Losses and every
 gradient must equal a single-process run of the same layers bit for bit: the reference
 runs the micro-batches one after the other, each backward accumulating in the order
 every stage's backwards run."""
@@ -11,6 +13,7 @@ every stage's backwards run."""
 from __future__ import annotations
 
 import queue
+import socket
 import threading
 from typing import Any, Callable
 
@@ -21,9 +24,11 @@ import pytest
 from paddle_ext.pipeline import nodes
 from paddle_ext.pipeline.runtime.chunks import PlainChunks
 from paddle_ext.pipeline.runtime.interpreter import Interpreter, PipelineStepError, StageProgram
-from paddle_ext.pipeline.runtime.links import BlockingLinks, ThreadedLinks
+from paddle_ext.pipeline.runtime.links import BlockingLinks, EagerLinks
 from paddle_ext.pipeline.runtime.node_mode import NodeChunks
 from paddle_ext.pipeline.runtime.slots import StageLayout
+from paddle_ext.pipeline.runtime.stream_exchange import StreamP2P
+from paddle_ext.pipeline.runtime.streams import Stream
 from paddle_ext.pipeline.runtime.transport import P2P
 from paddle_ext.pipeline.schedule import generate, lower
 
@@ -119,8 +124,9 @@ def run_pipeline(links: str, runner: str, vpp: int) -> tuple[list, list]:
     stages = make_stages(vpp)
     x, y = data()
     kind = ("1f1b" if vpp == 1 else "interleaved") + ("-overlap" if runner == "pair" else "")
-    schedule = lower(generate(PP, vpp, M, kind), async_p2p=links == "threaded")
+    schedule = lower(generate(PP, vpp, M, kind), async_p2p=links != "blocking")
     queues = {(a, b): queue.Queue() for a in range(PP) for b in range(PP) if a != b}
+    ends = socket.socketpair()  # rank 0's and rank 1's end of their one stream
     losses: list = []
     errors: list = []
     pairs: list = []
@@ -133,7 +139,8 @@ def run_pipeline(links: str, runner: str, vpp: int) -> tuple[list, list]:
                       else node_runner(rank, vpp, stages, labels, losses, pairs if runner == "pair" else None))
             program = StageProgram(StageLayout(rank, PP, vpp), chunks,
                                    first_input=lambda mb: x[mb * ROWS:(mb + 1) * ROWS])
-            way = ThreadedLinks(p2p, p2p) if links == "threaded" else BlockingLinks(p2p)
+            way = {"blocking": lambda: BlockingLinks(p2p), "threads": lambda: EagerLinks.on_threads(p2p, p2p),
+                   "streams": lambda: EagerLinks.on_streams(StreamP2P({1 - rank: Stream(ends[rank], "peer")}))}[links]()
             Interpreter(program, schedule.ranks[rank], way).run()
         except BaseException as err:  # the test thread raises it
             errors.append(err)
@@ -152,7 +159,7 @@ def run_pipeline(links: str, runner: str, vpp: int) -> tuple[list, list]:
         [(s.weight.grad.numpy(), s.bias.grad.numpy()) for s in stages]
 
 
-@pytest.mark.parametrize("links", ["blocking", "threaded"])
+@pytest.mark.parametrize("links", ["blocking", "threads", "streams"])
 @pytest.mark.parametrize("runner, vpp", [("plain", 1), ("plain", 2), ("nodes", 1), ("pair", 1), ("pair", 2)])
 def test_each_links_and_chunk_runner_equals_one_process(links: str, runner: str, vpp: int) -> None:
     want_losses, want_grads = reference(vpp)
@@ -177,7 +184,7 @@ def test_registered_function_runs_its_action_type() -> None:
 
 
 def test_a_failing_action_is_named_with_its_position_in_either_links() -> None:
-    for way in (BlockingLinks(None), ThreadedLinks(None, None)):
+    for way in (BlockingLinks(None), EagerLinks.on_threads(None, None), EagerLinks.on_streams(StreamP2P({}))):
         def boom(h: Any, chunk: int) -> Any:
             raise ValueError("injected")
 
@@ -188,7 +195,7 @@ def test_a_failing_action_is_named_with_its_position_in_either_links() -> None:
             Interpreter(program, [parse_action("F0.0"), parse_action("B0.0")], way).run()
 
 
-MODE_NAMES = {"BlockingLinks", "ThreadedLinks", "CommThread", "PlainChunks", "NodeChunks", "OverlappedPair",
+MODE_NAMES = {"BlockingLinks", "EagerLinks", "CommThread", "StreamExchange", "PlainChunks", "NodeChunks", "OverlappedPair",
               "comm", "uses_nodes", "schedule_chunk", "loss_node", "overlapped_forward_backward", "async_links"}
 
 

@@ -2,9 +2,12 @@
 
 - BlockingLinks: on the compute thread, in the lowered list's order (a send or a receive
   blocks until its peer's matching one: on gloo a send waits for the receive).
-- ThreadedLinks (pp_configs.overlap_p2p_comm): on communication threads, one per directed
-  link (async_p2p.py), in the same order, while the compute thread computes; a compute
-  waits for a receive only when it needs its tensor.
+- EagerLinks (pp_configs.overlap_p2p_comm): a send goes once its tensor is made, a receive
+  is taken when a compute needs it, each link's transfers still in the list's order. Two
+  ways to move the bytes, one class each with CommThread's interface: over TCP streams on
+  the compute thread itself (stream_exchange.py, gloo jobs: nothing blocks but a wait for
+  bytes not there yet) or on communication threads over one-way groups (async_p2p.py,
+  other backends).
 
 Both answer the same questions for the interpreter (the Links protocol below): does this
 thread run a transfer action, where is a forward's input, where are a backward's output
@@ -14,15 +17,17 @@ asks them and never which way it is.
 
 from __future__ import annotations
 
+import functools
 import time
 from typing import Any, Callable, Optional, Protocol, Sequence
 
 from paddle_ext.pipeline.runtime.async_p2p import CommThread
 from paddle_ext.pipeline.runtime.slots import Slots, StageLayout, input_grads_of, release
+from paddle_ext.pipeline.runtime.stream_exchange import StreamExchange, StreamP2P
 from paddle_ext.pipeline.runtime.transport import P2P, PayloadMeta
 from paddle_ext.pipeline.schedule.ir import FB, Comm, RecvAct, RecvGrad, SendAct, SendGrad
 
-__all__ = ["Links", "BlockingLinks", "ThreadedLinks", "P2PAsyncHandle", "links_for"]
+__all__ = ["Links", "BlockingLinks", "EagerLinks", "P2PAsyncHandle"]
 
 Span = tuple[int, Any, float, float]  # (position, action, start, end), wall clock
 
@@ -159,18 +164,30 @@ class BlockingLinks:
         pass
 
 
-class ThreadedLinks:
-    """Transfers on communication threads (async_p2p.CommThread): the compute thread
-    publishes what it made and takes what arrived; the threads keep the list's order."""
+class EagerLinks:
+    """Transfers off the compute thread's list order: the compute thread publishes what it
+    made and takes what arrived; `make_comm(actions, rank, release, clock, channel)` moves
+    the bytes (a StreamExchange or a CommThread: the module docstring), each link in the
+    list's order."""
 
-    def __init__(self, send_p2p: P2P, recv_p2p: P2P, channel: str = "act",
+    def __init__(self, make_comm: Callable[..., Any], channel: str = "act",
                  clock: Callable[[], float] = time.time) -> None:
-        self.send_p2p, self.recv_p2p = send_p2p, recv_p2p
+        self.make_comm = make_comm
         self.channel = channel
         self.clock = clock
-        self.comm: Optional[CommThread] = None
+        self.comm: Any = None
         self.layout: Optional[StageLayout] = None
         self.slots: Slots = Slots()
+
+    @classmethod
+    def on_streams(cls, p2p: StreamP2P, channel: str = "act") -> EagerLinks:
+        """Over the neighbours' TCP streams, on the compute thread (stream_exchange.py)."""
+        return cls(functools.partial(StreamExchange, p2p), channel)
+
+    @classmethod
+    def on_threads(cls, send_p2p: P2P, recv_p2p: P2P, channel: str = "act") -> EagerLinks:
+        """On a communication thread per directed link, over one-way groups (async_p2p.py)."""
+        return cls(functools.partial(CommThread, send_p2p, recv_p2p), channel)
 
     @property
     def waited(self) -> float:
@@ -178,8 +195,7 @@ class ThreadedLinks:
 
     def start(self, actions: Sequence[Any], layout: StageLayout, slots: Slots) -> None:
         self.layout, self.slots = layout, slots
-        self.comm = CommThread(self.send_p2p, self.recv_p2p, actions, layout.rank, release, self.clock,
-                               channel=self.channel).start()
+        self.comm = self.make_comm(actions, layout.rank, release, self.clock, channel=self.channel).start()
 
     def runs_here(self, action: Any) -> bool:
         return not isinstance(action, Comm)  # the communication threads do those
@@ -236,11 +252,3 @@ class ThreadedLinks:
     def abort(self) -> None:
         if self.comm is not None:
             self.comm.abort()
-
-
-def links_for(p2p: Optional[P2P], threaded: Optional[tuple[P2P, P2P]], channel: str = "act") -> Links:
-    """The links of one run: on communication threads over the one-way link groups
-    `threaded` (to, from) when given, else blocking over `p2p`'s neighbour groups."""
-    if threaded is not None:
-        return ThreadedLinks(*threaded, channel=channel)
-    return BlockingLinks(p2p, channel=channel)

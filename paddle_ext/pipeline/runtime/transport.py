@@ -19,7 +19,7 @@ pp_configs.overlap_p2p_comm on communication threads (async_p2p.py).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Optional, Sequence
 
 import paddle
 
@@ -89,6 +89,16 @@ def default_overlap_p2p(neighbours: dict[int, Any], placement: str = "interleave
     return len(backends) == 1 and DEFAULT_OVERLAP_P2P.get(backends.pop(), False)
 
 
+def checked_meta(channel: Any, cached: Optional[PayloadMeta], meta: PayloadMeta) -> None:
+    """Refuses a payload unlike the channel's first (`cached`; None: this is the first):
+    its header went once, so the receiver reads every later one by that header."""
+    if cached is not None and cached != meta:
+        raise ValueError(
+            f"pipeline payload changed between micro-batches on {channel}: first {cached}, now {meta}; "
+            "every micro-batch must give the stage outputs of the same shapes and dtypes (for shapes that "
+            "change between steps set pp_configs.enable_dynamic_shape or pipeline_configs.p2p_cache_shape = False)")
+
+
 def as_tuple(payload: Any) -> tuple:
     return tuple(payload) if isinstance(payload, (tuple, list)) else (payload,)
 
@@ -130,16 +140,12 @@ class P2P:
     def send_activation(self, channel: Any, payload: Any, peer: int, what: str = "") -> None:
         meta = PayloadMeta.of(payload)
         cached = self._sent_meta.get(channel)
+        checked_meta(channel, cached, meta)
         if cached is None:
             code = meta.encode()
             self._send(paddle.to_tensor([len(code)], dtype="int64"), peer, f"{what} header")
             self._send(paddle.to_tensor(code, dtype="int64"), peer, f"{what} header")
             self._sent_meta[channel] = meta
-        elif cached != meta:
-            raise ValueError(
-                f"pipeline payload changed between micro-batches on {channel}: first {cached}, now {meta}; "
-                "every micro-batch must give the stage outputs of the same shapes and dtypes (for shapes that "
-                "change between steps set pp_configs.enable_dynamic_shape or pipeline_configs.p2p_cache_shape = False)")
         for t in as_tuple(payload):
             self._send(t.detach(), peer, what)
 

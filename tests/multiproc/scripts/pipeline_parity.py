@@ -40,12 +40,12 @@ def run_pair(hcg, vpp, m, delay, via_fleet, use_scaler=False, kind=None):
     if via_fleet:
         engine = fleet.distributed_model(model)
         assert isinstance(engine, PipelineEngine), type(engine)
-        # overlap_p2p_comm unset on gloo: the communication threads (transport.DEFAULT_OVERLAP_P2P)
-        assert engine._overlap_p2p_comm is True and engine._links is not None, engine.settings
+        # overlap_p2p_comm unset on gloo: overlapped, over TCP streams (runtime/transfer_paths.py)
+        assert engine._overlap_p2p_comm is True and engine._transfers.name == "streams", engine.settings
         opt = fleet.distributed_optimizer(paddle.optimizer.Adam(1e-2, parameters=model.parameters()))
     else:
         engine = PipelineEngine(model, hcg, PipelineSettings(m, MBS, delay_scale_loss=delay, kind=kind))
-        assert engine._links is None  # overlap_p2p=False given: the compute thread's blocking transfers
+        assert engine._transfers.name == "blocking"  # overlap_p2p=False given: the compute thread's transfers
         opt = paddle.optimizer.Adam(1e-2, parameters=model.parameters())
     recorder = GradRecorder(opt, mine)
     oracle = ReferenceRun(ref, mine, m, MBS, delay, scaler=use_scaler)
