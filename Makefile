@@ -15,7 +15,7 @@ STAMP := $(VENV)/.paddle-ext-installed
 comma := ,
 NATIVE_SOURCES := $(shell find csrc tools -type f 2>/dev/null) setup.py pyproject.toml
 
-.PHONY: setup demo test lint clean
+.PHONY: setup demo test lint clean bench-torch
 
 setup: $(STAMP)
 
@@ -36,6 +36,19 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check paddle_ext patches tests bench tools setup.py
+
+# The torch environment of bench/pipeline_vs_torch.py (never .venv: Paddle's
+# environment stays torch-free). `make bench-torch` then see docs/overhead.md.
+TORCH_VENV ?= .venv-torch
+TORCH_STAMP := $(TORCH_VENV)/.bench-torch-installed
+
+bench-torch: $(TORCH_STAMP)
+
+$(TORCH_STAMP): bench/requirements-torch.txt
+	test -x $(TORCH_VENV)/bin/python || $(PYTHON) -m venv $(TORCH_VENV)
+	$(TORCH_VENV)/bin/python -m pip install -q -r bench/requirements-torch.txt
+	$(TORCH_VENV)/bin/python -c "import torch, torch.distributed.pipelining; print('torch', torch.__version__)"
+	touch $@
 
 clean:
 	rm -rf build $(VENV) paddle_ext/lib paddle_ext/_C*.so
