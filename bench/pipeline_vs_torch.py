@@ -33,8 +33,8 @@ once after each step and, for Paddle, from the engine's spans and phases
   compute   sum of the compute actions' spans (F/B/I/W/F&B)
   preempt   the compute (main) thread's run_delay (schedstat): ready to run but not running
             (waiting for a core: the other rank, this process's other threads, other work)
-  other     CPU time of this process's other threads during the step (getrusage of the
-            process minus the main thread's, so threads that ended within the step count)
+  other     CPU time of this process's other threads during the step (the process's CPU-time
+            clock minus the main thread's, so threads that ended within the step count)
   thr       other threads alive after the step (+ started during it)
   waits     the compute thread's gaps between its spans: waiting for receives (and the
             engine's dispatch between actions); the engine's own `waited` when it reports one
@@ -147,8 +147,7 @@ def step_accounting(before: Snapshot, after: Snapshot, main_tid: int, names: dic
     """The step's figures from two snapshots: the main thread's run_delay and CPU, the
     other threads' CPU (process minus main: threads that ended during the step count),
     per thread kind the live ones' CPU and count, and the process's switches and faults."""
-    # the main thread's CPU from getrusage as the process's: schedstat's figure for a running
-    # thread (this one, reading it) lags by up to a scheduler tick
+    # the main thread's CPU from the same clocks as the process's (StepProbe.snapshot)
     main_cpu = after.main[0] - before.main[0]
     delay = (after.tasks[main_tid][1] - before.tasks[main_tid][1]) / 1e9
     other = max(0.0, after.process[0] - before.process[0] - main_cpu)
@@ -255,8 +254,10 @@ class StepProbe:
             except OSError:  # ended between the listing and the read
                 tasks.pop(tid, None)
         me, proc = resource.getrusage(resource.RUSAGE_THREAD), resource.getrusage(resource.RUSAGE_SELF)
-        return Snapshot((proc.ru_utime + proc.ru_stime, proc.ru_nvcsw, proc.ru_nivcsw, proc.ru_minflt),
-                        (me.ru_utime + me.ru_stime, me.ru_nvcsw, me.ru_nivcsw), tasks)
+        # CPU from the CPU-time clocks: they include the running slice, where getrusage's and
+        # schedstat's figures for a running thread lag by up to a scheduler tick
+        return Snapshot((time.process_time(), proc.ru_nvcsw, proc.ru_nivcsw, proc.ru_minflt),
+                        (time.thread_time(), me.ru_nvcsw, me.ru_nivcsw), tasks)
 
     def start(self) -> None:
         self.before = self.snapshot()
