@@ -18,7 +18,9 @@ connecting rank's global rank (8 bytes).
 
 from __future__ import annotations
 
+import ctypes
 import itertools
+import math
 import socket
 import struct
 import time
@@ -40,11 +42,9 @@ class StreamClosed(ConnectionError):
 def tensor_bytes(tensor: Any) -> memoryview:
     """A writable byte view of a contiguous CPU tensor's memory, without a copy (what a
     send writes from and a receive reads into)."""
-    import ctypes
-
     if not tensor.place.is_cpu_place():
         raise ValueError(f"pipeline streams carry CPU tensors (a gloo job's); got one on {tensor.place}")
-    nbytes = int(tensor.numel()) * tensor.element_size()
+    nbytes = math.prod(tensor.shape) * tensor.element_size()  # (numel() makes a tensor: 7 us)
     if nbytes == 0:
         return memoryview(b"")
     return memoryview((ctypes.c_char * nbytes).from_address(tensor.data_ptr())).cast("B")
