@@ -172,6 +172,7 @@ class StepStats:
     # seconds of the step's parts outside the schedule, by name: shared_weights (the tied-weight
     # all-reduce), grad_sync (waiting for the dp/sharding buckets), loss_broadcast, optimizer
     phases: dict = field(default_factory=dict)
+    waited: float = 0.0  # seconds the compute thread waited for receives still in flight (eager links)
 
 
 class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
@@ -361,7 +362,8 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         interpreter = Interpreter(program, actions, self._transfers.links("eval" if forward_only else "act"))
         interpreter.run()
         split_stats = split.end_step() if split is not None else None
-        return StepStats(time.perf_counter() - start, interpreter.peak_in_flight, m, interpreter.spans, split_stats)
+        return StepStats(time.perf_counter() - start, interpreter.peak_in_flight, m, interpreter.spans, split_stats,
+                         waited=interpreter.waited)
 
     def _split_for(self, actions: list) -> Optional[WeightGradStore]:
         """The rank's WeightGradStore, begun for this step, when its list has I / W actions

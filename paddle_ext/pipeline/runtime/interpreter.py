@@ -16,7 +16,8 @@ with one class per way it can work, so that no method here asks which way:
   it registers for FB actions (`Interpreter.register`, as torch.distributed.pipelining's
   register_custom_function); without one an F&B runs as its F then its B;
 - the links (links.py): BlockingLinks (transfers in list order on this thread) or
-  ThreadedLinks (on communication threads, async_p2p.py);
+  EagerLinks (sent once made, received once needed: over TCP streams by this thread,
+  stream_exchange.py, or on communication threads, async_p2p.py);
 - the slots (slots.py): what each (chunk, mb) keeps between its forward and its
   backward, and the StageLayout (which global stages this rank's chunks are).
 

@@ -1,6 +1,6 @@
 """One step's transfers over the neighbours' TCP streams (streams.py), on the compute thread.
 
-The same questions as async_p2p.CommThread answers for ThreadedLinks (publish an output or
+The same questions as async_p2p.CommThread answers for EagerLinks (publish an output or
 input gradients, take a forward's input or a backward's output gradients), without threads:
 
 - a send goes when its tensor exists and every earlier send of its link (in the lowered
@@ -95,7 +95,7 @@ def _key(action: Comm) -> tuple:
 
 class StreamExchange:
     """Performs one rank's transfers of one step over `p2p`'s streams (module docstring);
-    CommThread's interface, so ThreadedLinks drives either."""
+    CommThread's interface, so EagerLinks drives either."""
 
     def __init__(self, p2p: StreamP2P, actions: Sequence[Any], rank: int, release: Callable[[Any], None],
                  clock: Callable[[], float] = time.time, channel: str = "act") -> None:

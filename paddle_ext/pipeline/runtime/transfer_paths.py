@@ -17,7 +17,7 @@ import os
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
 
-from paddle_ext import upstream
+from paddle_ext import host_heap, upstream
 from paddle_ext.comm import eager
 from paddle_ext.pipeline.runtime.groups import link_groups, neighbour_groups
 from paddle_ext.pipeline.runtime.links import BlockingLinks, EagerLinks, Links
@@ -66,6 +66,7 @@ def _streams(hcg: Any) -> TransferPath:
     pp = len(group.ranks)
     peers = {stage: group.ranks[stage] for stage in {(me - 1) % pp, (me + 1) % pp} - {me}}
     p2p = StreamP2P(connect_neighbours(peers, upstream.global_rank(), upstream.job_store()))
+    host_heap.keep_freed_memory()  # a CPU job: warm steps stop page-faulting (host_heap.py)
     return TransferPath("streams", lambda channel: EagerLinks.on_streams(p2p, channel), (p2p,))
 
 
