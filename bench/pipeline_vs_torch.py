@@ -10,7 +10,8 @@ stage and ScheduleInterleaved1F1B, launched with `python -m torch.distributed.ru
 the bench's own environment (.venv-torch: `make bench-torch`; torch is never installed
 into .venv). Each framework also runs its own single-process reference on the same
 model and micro-batching (gradient accumulation over the micro-batches, then the
-optimizer step). Every step is timed after a barrier; the first --warmup steps are
+optimizer step), by default just before and just after its pipelined launch
+(--reference, launch_framework). Every step is timed after a barrier; the first --warmup steps are
 untimed, the figures are medians of the --steps timed ones.
 
 Both frameworks compute on AVX2: importing paddle_ext sets Paddle's MKL to its AVX2
@@ -303,6 +304,38 @@ def write_json(path: str, payload: dict) -> None:
         json.dump(payload, f)
 
 
+class Interleaved:
+    """The single-process reference measured step by step between the pipelined steps
+    (`--reference interleaved`): before each pipelined step, rank 0 runs one step of the
+    whole model in its own replica while the other ranks wait in a barrier (idle), so the
+    reference and the pipelined steps sample the same minutes of a machine whose speed
+    drifts by 20% and more from one minute to the next (measured here: the same
+    single-process run 23 / 37 ms forward / backward, then 29 / 44 a minute later). Its
+    steps run slower than in a process of their own (91 against 70-78 ms at 16 rows: the
+    two models share the caches), which lowers both frameworks' added time: a second
+    opinion, not the default (launch_framework's `bracketed`)."""
+
+    def __init__(self, a, rank: int, barrier, make_step) -> None:
+        self.on = a.reference == "interleaved"
+        self.rank, self.barrier = rank, barrier
+        self._step = make_step() if self.on and rank == 0 else None
+        self.probe = StepProbe()
+
+    def step(self) -> None:
+        if not self.on:
+            return
+        self.barrier()
+        if self._step is not None:
+            self.probe.start()
+            start = time.perf_counter()
+            self._step()
+            self.probe.stop(time.perf_counter() - start)
+
+    def result(self, math) -> dict:
+        """What rank 0's file carries: the reference's steps ({} elsewhere)."""
+        return {"single": {"steps": self.probe.steps, "math": math()}} if self._step is not None else {}
+
+
 # -- Paddle ----------------------------------------------------------------------------
 
 def paddle_math() -> str:
@@ -338,26 +371,41 @@ def paddle_optimizer(m: Model, parameters):
     return paddle.optimizer.AdamW(1e-3, parameters=parameters)
 
 
-def paddle_single(a) -> None:
+def paddle_replica(m: Model):
+    """The whole model in one process, with its loss function and optimizer: one step."""
     import paddle
 
-    m = model_of(a)
     paddle.seed(m.seed)
     Block, MSE = paddle_blocks()
     model = paddle.nn.Sequential(*[Block(m.hidden) for _ in range(m.layers)])
     loss_fn, opt = MSE(), paddle_optimizer(m, model.parameters())
     x, y = (paddle.to_tensor(v) for v in m.arrays())
-    probe = StepProbe()
-    for _ in range(a.warmup + a.steps):
-        probe.start()
-        start = time.perf_counter()
+
+    def step() -> None:
         for mb in range(m.microbatches):
             rows = slice(mb * m.rows, (mb + 1) * m.rows)
             (loss_fn(model(x[rows]), y[rows]) / m.microbatches).backward()
         opt.step()
         opt.clear_grad()
+
+    return step
+
+
+def timed_steps(step, count: int, before=None) -> list:
+    """`count` steps of `step` under a StepProbe (each after `before`, if given)."""
+    probe = StepProbe()
+    for _ in range(count):
+        if before is not None:
+            before()
+        probe.start()
+        start = time.perf_counter()
+        step()
         probe.stop(time.perf_counter() - start)
-    write_json(a.out, {"steps": probe.steps, "math": paddle_math()})
+    return probe.steps
+
+
+def paddle_single(a) -> None:
+    write_json(a.out, {"steps": timed_steps(paddle_replica(model_of(a)), a.warmup + a.steps), "math": paddle_math()})
 
 
 def paddle_rank(a) -> None:
@@ -382,10 +430,12 @@ def paddle_rank(a) -> None:
     x, y = (paddle.to_tensor(v) for v in m.arrays())
     probe = StepProbe()
     raw = []
-    # Where the engine runs transfers: overlap_p2p on, communication threads (runtime/links.py's
-    # ThreadedLinks); off, the compute thread
+    # Where the engine runs transfers: overlap_p2p on, EagerLinks (TCP streams or communication
+    # threads, runtime/links.py) off the list's order; off, the compute thread
     here = not model.settings.overlap_p2p
+    single = Interleaved(a, dist.get_rank(), dist.barrier, lambda: paddle_replica(m))
     for _ in range(a.warmup + a.steps):
+        single.step()
         dist.barrier()
         probe.start()
         start = time.perf_counter()
@@ -403,8 +453,8 @@ def paddle_rank(a) -> None:
                        sync=phases.get("shared_weights", 0.0) + phases.get("grad_sync", 0.0),
                        py=engine_python(figures["step"], parts, phases))
     write_json(f"{a.out}.{dist.get_rank()}", {"steps": probe.steps, "rank": dist.get_rank(),
-                                              "kind": f"{model.schedule().kind}, overlap_p2p="
-                                                      f"{model.settings.overlap_p2p}"})
+                                              "kind": f"{model.schedule().kind}, {model._transfers.name}",
+                                              **single.result(paddle_math)})
 
 
 # -- torch -----------------------------------------------------------------------------
@@ -450,25 +500,29 @@ def torch_optimizer(m: Model, parameters):
     return torch.optim.AdamW(parameters, lr=1e-3)
 
 
-def torch_single(a) -> None:
+def torch_replica(m: Model):
+    """The whole model in one process, with its optimizer: one step."""
     import torch
 
-    torch.set_num_threads(1)
-    m = model_of(a)
     model = torch.nn.Sequential(*torch_blocks(m))
     opt = torch_optimizer(m, model.parameters())
     x, y = (torch.from_numpy(v) for v in m.arrays())
-    probe = StepProbe()
-    for _ in range(a.warmup + a.steps):
-        probe.start()
-        start = time.perf_counter()
+
+    def step() -> None:
         for mb in range(m.microbatches):
             rows = slice(mb * m.rows, (mb + 1) * m.rows)
             (torch.nn.functional.mse_loss(model(x[rows]), y[rows]) / m.microbatches).backward()
         opt.step()
         opt.zero_grad()
-        probe.stop(time.perf_counter() - start)
-    write_json(a.out, {"steps": probe.steps, "math": torch_math()})
+
+    return step
+
+
+def torch_single(a) -> None:
+    import torch
+
+    torch.set_num_threads(1)
+    write_json(a.out, {"steps": timed_steps(torch_replica(model_of(a)), a.warmup + a.steps), "math": torch_math()})
 
 
 def torch_rank(a) -> None:
@@ -492,7 +546,9 @@ def torch_rank(a) -> None:
     args = (x,) if 0 in indices else ()
     kwargs = {"target": y, "losses": []} if n - 1 in indices else {}
     probe = StepProbe()
+    single = Interleaved(a, rank, dist.barrier, lambda: torch_replica(m))
     for _ in range(a.warmup + a.steps):
+        single.step()
         dist.barrier()
         probe.start()
         start = time.perf_counter()
@@ -502,14 +558,16 @@ def torch_rank(a) -> None:
         opt.step()
         opt.zero_grad()
         probe.stop(time.perf_counter() - start)
-    write_json(f"{a.out}.{rank}", {"steps": probe.steps, "rank": rank, "kind": type(schedule).__name__})
+    write_json(f"{a.out}.{rank}", {"steps": probe.steps, "rank": rank, "kind": type(schedule).__name__,
+                                   **single.result(torch_math)})
     dist.destroy_process_group()
 
 
 # -- launch ----------------------------------------------------------------------------
 
 def rank_args(a, rows: int) -> list[str]:
-    return [f"--rows={rows}", f"--warmup={a.warmup}", f"--steps={a.steps}", f"--layers={a.layers}",
+    return [f"--rows={rows}", f"--reference={a.reference}", f"--warmup={a.warmup}", f"--steps={a.steps}",
+            f"--layers={a.layers}",
             f"--hidden={a.hidden}", f"--microbatches={a.microbatches}", f"--pp={a.pp}", f"--vpp={a.vpp}",
             f"--optimizer={a.optimizer}"]
 
@@ -534,28 +592,42 @@ def run_logged(cmd: list[str], env: dict, log: str, timeout: int) -> None:
 
 def launch_framework(a, framework: str, rows: int) -> dict:
     """One framework's pipelined launch and its single-process reference; their per-step
-    figures (rank files read back)."""
+    figures (rank files read back). The reference (--reference): `bracketed` runs it as a
+    process of its own just before and just after the pipelined launch and takes the timed
+    steps of both (the machine's speed drifts by 20% and more within minutes: a reference
+    on one side only can land in another minute than the launch it is compared with),
+    `separate` after only, `interleaved` on rank 0 between the pipelined steps."""
     args = rank_args(a, rows)
+    tmp = tempfile.mkdtemp(prefix="pipeline_vs_torch_")
+    python, env = (sys.executable, {**os.environ, **CPU_ENV}) if framework == "paddle" else (a.torch_python,
+                                                                                            torch_env())
+
+    def single(name: str) -> dict:
+        path = os.path.join(tmp, name)
+        run_logged([python, os.path.abspath(__file__), "--mode=single", f"--framework={framework}", f"--out={path}",
+                    *args], env, path + ".log", 600)
+        with open(path) as f:
+            return json.load(f)
+
+    before = single("single_before.json") if a.reference == "bracketed" else None
     if framework == "paddle":
         out = launch_ranks(__file__, ["--framework=paddle", *args], "pipe.json", nproc=a.pp,
                            prefix="pipeline_vs_torch_", timeout=600)
-        python, env = sys.executable, {**os.environ, **CPU_ENV}
     else:
-        out = os.path.join(tempfile.mkdtemp(prefix="pipeline_vs_torch_"), "pipe.json")
-        python, env = a.torch_python, torch_env()
+        out = os.path.join(tmp, "pipe.json")
         run_logged([python, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={a.pp}",
                     os.path.abspath(__file__), "--mode=rank", "--framework=torch", f"--out={out}", *args],
                    env, out + ".log", 600)
-    single_out = os.path.join(os.path.dirname(out), "single.json")
-    run_logged([python, os.path.abspath(__file__), "--mode=single", f"--framework={framework}",
-                f"--out={single_out}", *args], env, single_out + ".log", 600)
     ranks = []
     for r in range(a.pp):
         with open(f"{out}.{r}") as f:
             ranks.append(json.load(f))
-    with open(single_out) as f:
-        single = json.load(f)
-    return {"ranks": ranks, "single": single}
+    if a.reference == "interleaved":
+        return {"ranks": ranks, "single": ranks[0]["single"]}
+    after = single("single.json")
+    if before is not None:  # both sides' timed steps (summarise drops the first --warmup)
+        after = {**after, "steps": before["steps"] + after["steps"][a.warmup:]}
+    return {"ranks": ranks, "single": after}
 
 
 def summarise(result: dict, a) -> dict:
@@ -658,6 +730,10 @@ def parse_args(argv=None):
     p.add_argument("--framework", choices=FRAMEWORKS, default="paddle", help="rank and single modes")
     p.add_argument("--rows", default="16,64", help="rows per micro-batch, comma-separated (launch: each in turn)")
     p.add_argument("--runs", type=int, default=1, help="whole comparisons per row count, in ABBA order")
+    p.add_argument("--reference", choices=["bracketed", "separate", "interleaved"], default="bracketed",
+                   help="the single-process reference: a process of its own just before and just after the "
+                        "pipelined launch, after only, or one step on rank 0 before each pipelined step "
+                        "(launch_framework, class Interleaved)")
     p.add_argument("--warmup", type=int, default=4)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--layers", type=int, default=16)

@@ -16,6 +16,7 @@ the pipeline side, a plain one on the reference side)
 """
 
 import sys
+import threading
 
 import paddle
 import paddle.distributed.fleet as fleet
@@ -25,6 +26,7 @@ from _parity import GradRecorder, ReferenceRun, assert_equal, check_split, stage
 
 import paddle_ext  # noqa: E402
 from examples.tiny_gpt import Embedding, Reference, batch, pipeline_model  # noqa: E402
+from paddle_ext import upstream  # noqa: E402
 from paddle_ext.pipeline.engine import PipelineEngine, PipelineSettings  # noqa: E402
 from paddle_ext.pipeline.schedule import simulate  # noqa: E402
 
@@ -37,8 +39,11 @@ def run_pair(hcg, vpp, m, delay, via_fleet, use_scaler=False, kind=None):
     model = pipeline_model(VOCAB, HIDDEN, SEQ, blocks=pp * vpp, pp=pp, vpp=vpp)
     ref = Reference(VOCAB, HIDDEN, SEQ, blocks=pp * vpp)
     mine = stage_params(model, stage, Embedding)
+    groups_before = len(upstream.group_map())
     if via_fleet:
         engine = fleet.distributed_model(model)
+        # over TCP streams the engine makes no process group (no pair or one-way link groups)
+        assert len(upstream.group_map()) == groups_before, (groups_before, upstream.group_map())
         assert isinstance(engine, PipelineEngine), type(engine)
         # overlap_p2p_comm unset on gloo: overlapped, over TCP streams (runtime/transfer_paths.py)
         assert engine._overlap_p2p_comm is True and engine._transfers.name == "streams", engine.settings
@@ -50,9 +55,15 @@ def run_pair(hcg, vpp, m, delay, via_fleet, use_scaler=False, kind=None):
     recorder = GradRecorder(opt, mine)
     oracle = ReferenceRun(ref, mine, m, MBS, delay, scaler=use_scaler)
     scaler = fleet.distributed_scaler(paddle.amp.GradScaler(init_loss_scaling=1024.0)) if use_scaler else None
+    threads = None
     for step in range(STEPS):
         ids, labels = batch(step, m * MBS, SEQ, VOCAB)
         loss = engine.train_batch([ids, labels], recorder, scaler=scaler)
+        if via_fleet:  # no thread starts or stays behind per step (streams: none at all)
+            names = sorted(t.name for t in threading.enumerate())
+            assert threads is None or names == threads, (threads, names)
+            assert not any(n.startswith("paddle_ext-p2p") for n in names), names
+            threads = names
         ref_loss, ref_grads = oracle.step(ids, labels)
         tag = f"pp={pp} vpp={vpp} M={m} step {step}"
         assert_equal(f"{tag} loss", loss.numpy(), ref_loss)
