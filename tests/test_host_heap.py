@@ -1,6 +1,8 @@
-"""paddle_ext.host_heap: with freed memory kept, a CPU tensor allocated, filled and freed
-again and again stops page-faulting; glibc's defaults fault on every round for blocks
-above its thresholds. Each case runs in a fresh Python (the setting is per process)."""
+"""paddle_ext.host_heap: with freed memory kept, a step's worth of blocks allocated, filled
+and freed again and again stops page-faulting; with glibc's defaults the freed top of the
+heap goes back to the kernel (trim threshold 128 KiB) and every round faults it in again.
+Through libc's malloc itself, which the setting governs (what Paddle's allocator asks of it
+differs between releases). Each case runs in a fresh Python (the setting is per process)."""
 
 from __future__ import annotations
 
@@ -13,20 +15,31 @@ import pytest
 from paddle_ext import host_heap
 
 ROUNDS = 20
+PIECES, PIECE = 128, 64 << 10  # 8 MiB in 64 KiB blocks: each under glibc's mmap threshold
 PROGRAM = f"""
-import resource, sys
-import paddle
+import ctypes, resource
 from paddle_ext import host_heap
 kept = host_heap.keep_freed_memory()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
 def faults():
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-# 2 MiB and 8 MiB: above glibc's starting mmap threshold; a step's gradients and activations
-for size in (1 << 19, 1 << 21):
-    t = paddle.empty([size], dtype="float32"); t.fill_(1.0); del t  # the first round may grow the heap
+def one_round():  # what a step does: many blocks made, used and freed
+    blocks = [libc.malloc({PIECE}) for _ in range({PIECES})]
+    for b in blocks:
+        ctypes.memset(b, 1, {PIECE})
+    for b in reversed(blocks):
+        libc.free(b)
+one_round()  # the first round grows the heap
+rounds = []
+for _ in range({ROUNDS}):
     before = faults()
-    for _ in range({ROUNDS}):
-        t = paddle.empty([size], dtype="float32"); t.fill_(1.0); del t
-    print(kept, size * 4, (faults() - before) / {ROUNDS})
+    one_round()
+    rounds.append(faults() - before)
+# the median round: the kernel's own reclaim of idle pages (this VM's kdamond) may fault a
+# kept block in again now and then
+print(kept, {PIECES * PIECE}, sorted(rounds)[len(rounds) // 2])
 """
 
 
@@ -35,16 +48,16 @@ def run(switch: str) -> list[tuple[str, int, float]]:
     out = subprocess.run([sys.executable, "-c", PROGRAM], env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     rows = [line.split() for line in out.stdout.splitlines() if line.startswith(("True", "False"))]
-    return [(kept, int(nbytes), float(per_round)) for kept, nbytes, per_round in rows]
+    return [(kept, int(nbytes), float(median_round)) for kept, nbytes, median_round in rows]
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
 def test_kept_memory_stops_the_faults_that_glibc_defaults_take_every_round() -> None:
     default, kept = run("default"), run("keep")
-    assert [k for k, _, _ in default] == ["False", "False"] and [k for k, _, _ in kept] == ["True", "True"]
+    assert [k for k, _, _ in default] == ["False"] and [k for k, _, _ in kept] == ["True"]
     for (_, nbytes, faults_default), (_, _, faults_kept) in zip(default, kept):
         pages = nbytes / 4096
-        assert faults_default > 0.5 * pages, (nbytes, faults_default)  # every round faults the block in
+        assert faults_default > 0.5 * pages, (nbytes, faults_default)  # a round faults the heap in
         assert faults_kept < 0.05 * pages, (nbytes, faults_kept)       # reused: (almost) no faults
 
 

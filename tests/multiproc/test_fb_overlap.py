@@ -49,7 +49,7 @@ def test_overlap_scheduler_equals_plain_and_single_process_bitwise(pp):
 
 
 @pytest.mark.parametrize("where", ["forward", "backward"])
-def test_a_failing_rank_with_communication_threads_ends_every_rank(where):
+def test_a_failing_rank_with_overlapped_transfers_ends_every_rank(where):
     result = launch("pipeline_failure.py", "2", "1", where, "async", nproc=2, timeout=120)
     assert not result.timed_out, result.describe()
     assert result.returncode != 0, result.describe()

@@ -33,6 +33,17 @@ def test_grads_losses_and_params_equal_single_process_bitwise(pp):
     assert "while the server is not yet listening" not in result.all_text(), result.describe()
 
 
+def test_the_communication_threads_path_still_equals_single_process_bitwise():
+    # PADDLE_EXT_PP_TRANSFERS=threads: overlap_p2p_comm on one thread per directed link over
+    # one-way gloo groups (the gloo path before the TCP streams; other backends' path)
+    pairs = "2:4,1:5"
+    result = launch("pipeline_parity.py", "4", pairs, nproc=4, timeout=240, env={"PADDLE_EXT_PP_TRANSFERS": "threads"})
+    assert result.returncode == 0, result.describe()
+    for rank in range(4):
+        assert f"rank {rank}: all pairs passed" in result.logs[rank], result.describe()
+        assert len(re.findall(rf"rank {rank}: pp=4 vpp=\d M=\d+ .*bitwise equal", result.logs[rank])) == 2
+
+
 @pytest.mark.parametrize("mode, marker", [("delay_scale", "delay_scale_loss=True scaler=False"),
                                            ("scaler", "delay_scale_loss=False scaler=True")])
 def test_delay_scale_loss_and_grad_scaler_equal_single_process_bitwise(mode, marker):
