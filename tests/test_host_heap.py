@@ -66,3 +66,49 @@ def test_a_bad_switch_is_refused_naming_the_variable_and_the_choices(monkeypatch
     monkeypatch.setattr(host_heap, "_STATE", {})
     with pytest.raises(ValueError, match=r"PADDLE_EXT_HOST_HEAP = 'sometimes' is not allowed: 'keep' or 'default'"):
         host_heap.keep_freed_memory()
+
+
+WARM_PROGRAM = """
+import ctypes, resource, sys
+from paddle_ext import host_heap
+host_heap.keep_freed_memory()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+PIECE = 64 << 10
+def faults():
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+def made(count):
+    blocks = [libc.malloc(PIECE) for _ in range(count)]
+    for b in blocks:
+        ctypes.memset(b, 1, PIECE)
+    return blocks
+def transient():  # a step's activations: 8 MiB made and freed
+    for b in reversed(made(128)):
+        libc.free(b)
+warmer = host_heap.FirstStepWarmer()
+if sys.argv[1] == "warm":
+    warmer.begin()
+transient()
+states = made(64)  # the optimizer's first step: 4 MiB kept from now on, where activations were
+warmer.end()
+before = faults()
+transient()  # the second step
+print("faults", faults() - before, "faulted_in", warmer.faulted_in)
+"""
+
+
+def second_step(mode: str) -> tuple[int, int]:
+    out = subprocess.run([sys.executable, "-c", WARM_PROGRAM, mode], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    words = out.stdout.split()
+    return int(words[words.index("faults") + 1]), int(words[words.index("faulted_in") + 1])
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc")
+def test_the_first_step_warmer_leaves_the_second_step_nothing_to_fault_in() -> None:
+    cold, _ = second_step("cold")
+    warm, faulted_in = second_step("warm")
+    assert cold > 512, cold  # without it the second step grows the heap by the states' 4 MiB (1,024 pages)
+    assert faulted_in >= 6 << 20, faulted_in  # the first step grew the heap by (most of) its 8 MiB
+    assert warm < 0.1 * cold, (warm, cold)

@@ -34,7 +34,7 @@ from typing import Any, Callable, Optional
 
 import paddle
 
-from paddle_ext import compat, upstream
+from paddle_ext import compat, host_heap, upstream
 from paddle_ext.comm import trace
 from paddle_ext.pipeline import layer_internals
 from paddle_ext.pipeline.fleet_surface import (
@@ -199,6 +199,7 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         self._check_accumulate_steps(self.accumulate_steps)
         # the way to the neighbours (runtime/transfer_paths.py); overlap_p2p_comm unset: the backend's default
         self._transfers = transfer_path(hcg, settings.overlap_p2p, self.placement)
+        self._heap_warmer = host_heap.FirstStepWarmer()
         settings = self.settings = dataclasses.replace(settings, overlap_p2p=self._transfers.overlapped)
         self._schedules: dict[int, Schedule] = {}
         self._timers = StepTimers() if settings.enable_timer else None
@@ -273,10 +274,12 @@ class PipelineEngine(PipelineParallelSurface, paddle.nn.Layer):
         check_loss_fn_idx(compat.pipeline_loss_fns(self._layers), loss_fn_idx)
         self.loss_fn_idx = loss_fn_idx
         self._layers.train()
+        self._heap_warmer.begin()
         loss = self._forward_backward(data, optimizer, scaler, return_micro_batch_loss, scale_accumulation=True)
         start = time.time()
         self._optimizer_step(optimizer, lr_scheduler, scaler)
         self.last_step.phases["optimizer"] = time.time() - start
+        self._heap_warmer.end()  # the first step: as much heap again, faulted in (host_heap.py)
         return loss
 
     def _new_step_shapes(self) -> None:
