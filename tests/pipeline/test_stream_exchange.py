@@ -135,3 +135,17 @@ def test_a_step_whose_send_never_got_its_tensor_is_named_at_finish() -> None:
     with pytest.raises(CommThreadError, match=r"sends whose tensors were never made: \[SendAct\(chunk=0, mb=0"):
         ex.finish()
     b.close()
+
+
+def test_the_way_on_gloo_is_streams_unless_the_variable_says_threads_and_a_bad_value_is_named(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from paddle_ext.pipeline.runtime import transfer_paths
+
+    monkeypatch.delenv(transfer_paths.PATH_ENV, raising=False)
+    assert transfer_paths.gloo_way() == "streams"
+    monkeypatch.setenv(transfer_paths.PATH_ENV, " Threads ")
+    assert transfer_paths.gloo_way() == "threads"
+    monkeypatch.setenv(transfer_paths.PATH_ENV, "sockets")
+    with pytest.raises(ValueError, match=r"PADDLE_EXT_PP_TRANSFERS = 'sockets' is not allowed: one of "
+                                         r"\['streams', 'threads'\]"):
+        transfer_paths.gloo_way()
