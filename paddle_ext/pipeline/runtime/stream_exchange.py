@@ -59,10 +59,6 @@ class StreamP2P:
         self.sent_meta.clear()
         self.recv_meta.clear()
 
-    def close(self) -> None:
-        for stream in self.streams.values():
-            stream.close()
-
 
 class _Ticket:
     __slots__ = ("action", "position", "ready", "done", "payload", "meta", "buffers", "parts", "posted",

@@ -54,7 +54,7 @@ class Stream:
     """One neighbour's connection: bytes queued to write (with what to do once written)
     and the socket, non-blocking. `peer` names the neighbour in errors."""
 
-    __slots__ = ("sock", "peer", "rank", "out", "_closed")
+    __slots__ = ("sock", "peer", "rank", "out")
 
     def __init__(self, sock: socket.socket, peer: str, rank: int = -1) -> None:
         if sock.family in (socket.AF_INET, socket.AF_INET6):  # each payload goes at once
@@ -62,7 +62,6 @@ class Stream:
         sock.setblocking(False)
         self.sock, self.peer, self.rank = sock, peer, rank  # rank: the peer's global rank
         self.out: list[list] = []  # [view, on_written or None], in stream order
-        self._closed = False
 
     def write(self) -> bool:
         """Writes what the kernel takes now; True if any byte went."""
@@ -101,11 +100,6 @@ class Stream:
         if n == 0:
             raise StreamClosed(f"the connection to {self.peer} closed: that rank ended (see its log)")
         return n
-
-    def close(self) -> None:
-        if not self._closed:
-            self._closed = True
-            self.sock.close()
 
 
 def _read_exact(sock: socket.socket, n: int) -> bytes:
